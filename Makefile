@@ -1,0 +1,71 @@
+# The commands the README names. Everything runs inside .venv, which is
+# (re)built only when requirements.txt or pyproject.toml change.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NB     ?= $(sort $(wildcard notebooks/*.ipynb))
+SANITIZE := tests/nbval_sanitize.cfg
+# Same thread count and hash seed everywhere, so printed numbers do not drift.
+export PYTHONHASHSEED := 0
+export OMP_NUM_THREADS ?= 2
+export MPLBACKEND := Agg
+
+.PHONY: help setup book html test lint unit nbval site notebooks lab bench clean
+
+help:
+	@echo "make book       build the site into _build/html (creates .venv on first run)"
+	@echo "make test       lint, unit tests, nbval (strict), -W book build, browser site test"
+	@echo "make notebooks  re-execute notebooks in place (NB=notebooks/01_*.ipynb for one)"
+	@echo "make lab        JupyterLab on the course"
+	@echo "make bench      speed benchmarks"
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@touch $(STAMP)
+
+html: $(STAMP)
+	rm -rf _build/html _build/.doctrees
+	$(BIN)/jupyter-book build . -W -n --keep-going
+
+book: html
+	@echo "The course site: $(CURDIR)/_build/html/index.html"
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks notebooks
+
+unit: $(STAMP)
+	$(BIN)/pytest tests -m "not site"
+
+nbval: $(STAMP)
+	$(BIN)/pytest -p no:cacheprovider --nbval --nbval-current-env --nbval-sanitize-with $(SANITIZE) $(NB)
+
+site: $(STAMP)
+	$(BIN)/pytest tests -m site
+
+test: lint unit nbval html site
+
+notebooks: $(STAMP)
+	@for nb in $(NB); do \
+	  echo "executing $$nb"; \
+	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.timeout=1200 --ExecutePreprocessor.kernel_name=python3 \
+	    --ExecutePreprocessor.record_timing=False --ExecutePreprocessor.store_widget_state=True \
+	    "$$nb" || exit 1; \
+	done
+
+lab: $(STAMP)
+	$(BIN)/python -c 'import jupyterlab' 2>/dev/null || $(BIN)/python -m pip install --quiet jupyterlab==4.6.6
+	$(BIN)/jupyter lab notebooks/
+
+bench: $(STAMP)
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf _build .pytest_cache .ruff_cache

@@ -1,0 +1,88 @@
+"""Chapter 1: softmax weighting and attention pooling.
+
+``softmax`` turns raw scores into a probability distribution; ``attention_pool``
+scores every token against one task query and returns the weighted average
+of the tokens (the "original" attention of Bahdanau et al. reduced to a dot
+product).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ._validation import check_positive_real, check_tensor
+
+__all__ = ["attention_pool", "softmax"]
+
+
+def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
+    """Numerically stable softmax of ``x / temperature`` along ``dim``.
+
+    Args:
+        x: floating-point scores of any shape ``(...)``.
+        dim: the axis that becomes a distribution.
+        temperature: positive finite number; below 1 sharpens, above 1 flattens.
+
+    Returns:
+        A tensor shaped like ``x`` whose slices along ``dim`` are non-negative
+        and sum to 1. The row maximum is subtracted before ``exp`` (which
+        leaves the result unchanged, see Chapter 1), so scores of 1e4 do not
+        overflow. An all ``-inf`` slice is an error here; masked attention
+        handles that case explicitly (Chapter 5).
+    """
+    check_tensor(x, "x", min_ndim=1)
+    temperature = check_positive_real(temperature, "temperature")
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}] for x of shape "
+                         f"{tuple(x.shape)}, got {dim}")
+    if torch.isnan(x).any():
+        raise ValueError("x contains NaN; softmax of NaN scores is undefined")
+    if x.shape[dim] == 0:
+        raise ValueError(f"x has size 0 along dim {dim}; there is nothing to normalise")
+    scaled = x / temperature
+    # Subtracting the maximum is exact algebra (exp(a - m) / sum exp(b - m)) and
+    # keeps every exponent <= 0, so exp never overflows.
+    shifted = scaled - scaled.amax(dim=dim, keepdim=True).detach()
+    if torch.isnan(shifted).any():  # only +inf - +inf or -inf - -inf produce NaN here
+        raise ValueError("x has a slice that is all -inf or contains +inf; softmax is undefined")
+    exp = shifted.exp()
+    return exp / exp.sum(dim=dim, keepdim=True)
+
+
+def attention_pool(x: Tensor, query: Tensor, *, scale: bool = True) -> tuple[Tensor, Tensor]:
+    """Pool a sequence into one vector, weighting each token by its match with a query.
+
+    Args:
+        x: token vectors ``(..., T, D)``.
+        query: a task query ``(..., D)`` (broadcast over the leading dims).
+        scale: divide the dot products by ``sqrt(D)`` (scaled dot-product scoring).
+
+    Returns:
+        ``(pooled, weights)``: ``pooled (..., D)`` is ``sum_t weights[t] * x[t]`` and
+        ``weights (..., T)`` is ``softmax(x . query / sqrt(D))``.
+    """
+    check_tensor(x, "x", min_ndim=2)
+    check_tensor(query, "query", min_ndim=1)
+    if query.shape[-1] != x.shape[-1]:
+        raise ValueError(
+            f"query must have the tokens' width D={x.shape[-1]} as its last dimension, "
+            f"got query of shape {tuple(query.shape)} for x of shape {tuple(x.shape)}"
+        )
+    if query.dtype != x.dtype:
+        raise TypeError(f"query dtype {query.dtype} differs from x dtype {x.dtype}")
+    try:
+        torch.broadcast_shapes(x.shape[:-2], query.shape[:-1])
+    except RuntimeError:
+        raise ValueError(
+            f"query's leading dims {tuple(query.shape[:-1])} do not broadcast with x's "
+            f"batch dims {tuple(x.shape[:-2])}"
+        ) from None
+    scores = (x @ query.unsqueeze(-1)).squeeze(-1)  # (..., T, D) @ (..., D, 1) -> (..., T)
+    if scale:
+        scores = scores / math.sqrt(x.shape[-1])
+    weights = softmax(scores, dim=-1)  # (..., T)
+    pooled = (weights.unsqueeze(-2) @ x).squeeze(-2)  # (..., 1, T) @ (..., T, D) -> (..., D)
+    return pooled, weights

@@ -1,0 +1,121 @@
+"""Plotting helpers: every attention pattern in the course is drawn through here.
+
+Each function draws on a given ``matplotlib`` Axes (or a new one) and returns
+it, so notebooks stay short and tests can inspect what was drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+
+__all__ = ["interactive_plot", "plot_attention", "plot_distribution"]
+
+
+def _to_numpy(values: object, name: str) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu().double().numpy()
+    try:
+        return np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a tensor or array of numbers, got {type(values).__name__}")
+
+
+def _check_labels(labels: Sequence[str] | None, size: int, name: str) -> None:
+    if labels is not None and len(labels) != size:
+        raise ValueError(f"{name} must have {size} entries, got {len(labels)}")
+
+
+def plot_attention(
+    weights: object,
+    x_labels: Sequence[str] | None = None,
+    y_labels: Sequence[str] | None = None,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    annotate: bool | None = None,
+    cmap: str = "viridis",
+    vmin: float | None = 0.0,
+    vmax: float | None = None,
+) -> Axes:
+    """Heatmap of a ``(T_q, T_k)`` matrix: row ``i`` is query ``i`` over every key.
+
+    ``x_labels`` name the keys (columns), ``y_labels`` the queries (rows).
+    Cells are annotated with their values when the matrix is small (or when
+    ``annotate=True``). Set ``vmin=None`` for signed scores.
+    """
+    data = _to_numpy(weights, "weights")
+    if data.ndim != 2:
+        raise ValueError(f"weights must be 2-D (T_q, T_k), got shape {data.shape}")
+    _check_labels(x_labels, data.shape[1], "x_labels")
+    _check_labels(y_labels, data.shape[0], "y_labels")
+    if ax is None:
+        size = (1.2 + 0.55 * data.shape[1], 1.0 + 0.5 * data.shape[0])
+        _, ax = plt.subplots(figsize=(max(3.0, size[0]), max(2.5, size[1])))
+    image = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xticks(range(data.shape[1]), labels=x_labels or range(data.shape[1]))
+    ax.set_yticks(range(data.shape[0]), labels=y_labels or range(data.shape[0]))
+    if x_labels is not None and max((len(str(s)) for s in x_labels), default=0) > 3:
+        ax.tick_params(axis="x", labelrotation=45)
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    if title:
+        ax.set_title(title)
+    if annotate if annotate is not None else data.size <= 64:
+        middle = np.nanmean(data) if data.size else 0.0
+        for (i, j), value in np.ndenumerate(data):
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8,
+                    color="black" if value > middle else "white")
+    return ax
+
+
+def plot_distribution(
+    values: object,
+    labels: Sequence[str] | None = None,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    ylabel: str = "weight",
+) -> Axes:
+    """Bar chart of a 1-D vector (e.g. one row of attention weights)."""
+    data = _to_numpy(values, "values")
+    if data.ndim != 1:
+        raise ValueError(f"values must be 1-D, got shape {data.shape}")
+    _check_labels(labels, data.shape[0], "labels")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(4.0, 0.45 * data.shape[0] + 1.5), 2.8))
+    ax.bar(range(data.shape[0]), data, color="tab:blue")
+    ax.set_xticks(range(data.shape[0]), labels=labels or range(data.shape[0]))
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def interactive_plot(draw: Callable[..., object], **controls: object):
+    """Wrap ``draw(**values)`` in ipywidgets controls; return the widget.
+
+    ``controls`` are ipywidgets (sliders, dropdowns). ``draw`` must draw one
+    figure through this module's functions; it is re-run on every change.
+    The returned ``ipywidgets.interactive`` keeps its last figure in its saved
+    state, so the static site shows it too.
+    """
+    import ipywidgets as widgets
+
+    if not callable(draw):
+        raise TypeError(f"draw must be callable, got {type(draw).__name__}")
+    for name, control in controls.items():
+        if not isinstance(control, widgets.ValueWidget):
+            raise TypeError(f"control {name!r} must be an ipywidgets value widget, "
+                            f"got {type(control).__name__}")
+
+    def _draw(**values: object) -> None:
+        draw(**values)
+        plt.show()
+
+    return widgets.interactive(_draw, **controls)
