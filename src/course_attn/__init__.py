@@ -3,13 +3,41 @@
 Each public name states in its docstring the chapter that derives it.
 """
 
+from .attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
 from .env import environment_report, pick_device, seed_everything
+from .layers import (
+    FeedForward,
+    KVCache,
+    MultiHeadAttention,
+    PositionalEncoding,
+    TransformerBlock,
+    merge_heads,
+    sinusoidal_table,
+    split_heads,
+)
+from .masks import causal_mask, combine_masks, padding_mask, to_additive_mask, to_torch_mha_mask
 from .softmax import attention_pool, softmax
 
 __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
+    "ATTENTION_IMPLS",
+    "FeedForward",
+    "KVCache",
+    "MultiHeadAttention",
+    "PositionalEncoding",
+    "TransformerBlock",
+    "attention",
+    "causal_mask",
+    "combine_masks",
+    "merge_heads",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "sinusoidal_table",
+    "split_heads",
+    "to_additive_mask",
+    "to_torch_mha_mask",
     "attention_pool",
     "environment_report",
     "pick_device",

@@ -1,0 +1,149 @@
+"""Chapter 4: scaled dot-product attention, the manual path and the fused one.
+
+``scaled_dot_product_attention`` is the readable reference: every step is a
+line you can print. ``attention`` is the one switch between it and PyTorch's
+fused ``torch.nn.functional.scaled_dot_product_attention``; the tests prove
+the two agree (outputs, gradients, masks).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._validation import (
+    check_bool_mask,
+    check_choice,
+    check_positive_real,
+    check_probability,
+    check_tensor,
+)
+from .masks import causal_mask
+
+__all__ = ["ATTENTION_IMPLS", "attention", "scaled_dot_product_attention"]
+
+ATTENTION_IMPLS = ("manual", "sdpa")
+
+
+def _check_qkv(q: object, k: object, v: object) -> tuple[Tensor, Tensor, Tensor]:
+    check_tensor(q, "q", min_ndim=2)
+    check_tensor(k, "k", min_ndim=2)
+    check_tensor(v, "v", min_ndim=2)
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share their last dimension d_k (queries are compared "
+                         f"with keys), got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of positions T_k (one value per "
+                         f"key), got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    try:
+        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"the batch dimensions of q {tuple(q.shape)}, k {tuple(k.shape)} and "
+                         f"v {tuple(v.shape)} do not broadcast") from None
+    return q, k, v
+
+
+def _check_options(mask: object, q: Tensor, k: Tensor, is_causal: object, scale: object,
+                   dropout_p: object) -> float:
+    """Validate the options shared by both paths; return the scale to use."""
+    if mask is not None:
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        check_bool_mask(mask, "mask", (*batch, q.shape[-2], k.shape[-2]))
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+    check_probability(dropout_p, "dropout_p")
+    if scale is None:
+        return 1.0 / math.sqrt(q.shape[-1])
+    return check_positive_real(scale, "scale")
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """softmax(q k^T * scale, masked) v, written out step by step.
+
+    Args:
+        q: queries ``(..., T_q, d_k)``.
+        k: keys ``(..., T_k, d_k)``.
+        v: values ``(..., T_k, d_v)``.
+        mask: boolean, broadcastable to ``(..., T_q, T_k)``, ``True`` = may attend.
+        is_causal: also apply ``causal_mask(T_q, T_k)`` (bottom-right aligned).
+        scale: multiplies the scores; ``None`` means ``1 / sqrt(d_k)``.
+        dropout_p: dropout on the attention weights (0 = none; only when asked).
+
+    Returns:
+        ``(out, attn_weights)``: ``out (..., T_q, d_v)``; ``attn_weights (..., T_q, T_k)``
+        (after dropout, i.e. the weights that multiplied ``v``). A query with no
+        allowed key gets zero weights and a zero output (finite gradients), as in
+        PyTorch's fused attention. Softmax runs in float32 for half-precision inputs.
+    """
+    q, k, v = _check_qkv(q, k, v)
+    scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
+    if is_causal:
+        causal = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (T_q, T_k)
+        mask = causal if mask is None else mask & causal
+
+    # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)
+    attn_scores = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        attn_scores = attn_scores.masked_fill(~mask, float("-inf"))
+        # A row with no allowed key would be softmax(all -inf) = NaN. Give it finite
+        # scores here and zero its weights below, so forward and backward stay finite.
+        has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+        attn_scores = attn_scores.masked_fill(~has_key, 0.0)
+    # Half-precision scores are upcast: softmax's exp and sum lose too much in 16 bits.
+    softmax_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    attn_weights = torch.softmax(attn_scores, dim=-1, dtype=softmax_dtype)  # (..., T_q, T_k)
+    attn_weights = attn_weights.to(q.dtype)
+    if mask is not None:
+        attn_weights = attn_weights.masked_fill(~mask, 0.0)
+    if dropout_p > 0.0:
+        attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)
+    out = attn_weights @ v  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
+    return out, attn_weights
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    impl: str = "manual",
+) -> tuple[Tensor, Tensor | None]:
+    """The one place that chooses between the manual and the fused attention path.
+
+    Same arguments and semantics as :func:`scaled_dot_product_attention`; ``impl``
+    is ``"manual"`` (returns the weights) or ``"sdpa"`` (PyTorch's fused kernel,
+    faster and lighter on memory, returns ``None`` for the weights, which it
+    never materialises).
+    """
+    check_choice(impl, "impl", ATTENTION_IMPLS)
+    if impl == "manual":
+        return scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
+                                            dropout_p=dropout_p)
+    q, k, v = _check_qkv(q, k, v)
+    scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
+    if is_causal:
+        # PyTorch's is_causal aligns top-left when T_q != T_k; the course aligns
+        # bottom-right (cache decoding), so pass the causal mask explicitly.
+        causal = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (T_q, T_k)
+        mask = causal if mask is None else mask & causal
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                         scale=scale)  # (..., T_q, d_v)
+    return out, None

@@ -1,0 +1,153 @@
+"""Chapter 5: boolean attention masks (``True`` = may attend) and converters.
+
+The course uses one convention everywhere, the one of
+``torch.nn.functional.scaled_dot_product_attention``: a boolean mask whose
+``True`` entries are the (query, key) pairs that may interact. Converters
+translate it for ``nn.MultiheadAttention`` (``True`` = blocked) and for
+additive float masks (``0`` / ``-inf``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ._validation import check_bool_mask, check_choice, check_positive_int
+
+__all__ = [
+    "causal_mask",
+    "combine_masks",
+    "padding_mask",
+    "to_additive_mask",
+    "to_torch_mha_mask",
+]
+
+
+def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str | None = None
+                ) -> Tensor:
+    """Boolean causal mask ``(t_q, t_k)``: query ``i`` may attend key ``j <= t_k - t_q + i``.
+
+    With ``t_k=None`` the mask is square and lower-triangular. When ``t_q < t_k``
+    the queries are the *last* ``t_q`` positions of the sequence (bottom-right
+    alignment): exactly what decoding with a KV cache needs, where new queries
+    follow ``t_k - t_q`` cached keys. Note that PyTorch's ``is_causal=True``
+    aligns top-left instead when the lengths differ (Chapter 5 shows the pitfall).
+    """
+    t_q = check_positive_int(t_q, "t_q")
+    t_k = t_q if t_k is None else check_positive_int(t_k, "t_k")
+    query_pos = torch.arange(t_q, device=device).unsqueeze(1) + (t_k - t_q)  # (t_q, 1)
+    key_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, t_k)
+    return key_pos <= query_pos  # (t_q, t_k)
+
+
+def padding_mask(
+    lengths: Tensor | Sequence[int],
+    max_len: int | None = None,
+    *,
+    side: str = "right",
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Boolean padding mask ``(B, max_len)``, ``True`` on real tokens.
+
+    Args:
+        lengths: ``(B,)`` number of real tokens of each sequence, each in ``[0, max_len]``.
+        max_len: padded length; defaults to ``max(lengths)``.
+        side: ``"right"`` (real tokens first, pads after) or ``"left"`` (pads first,
+            as batched generation uses).
+    """
+    check_choice(side, "side", ("right", "left"))
+    if isinstance(lengths, Tensor):
+        if lengths.dtype in (torch.bool,) or lengths.is_floating_point() or lengths.is_complex():
+            raise TypeError(f"lengths must hold integers, got dtype {lengths.dtype}")
+        lengths_t = lengths.to(device=device if device is not None else lengths.device)
+    else:
+        values = list(lengths)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in values):
+            raise TypeError(f"lengths must be a sequence of ints, got {values!r}")
+        lengths_t = torch.tensor(values, dtype=torch.long, device=device)
+    if lengths_t.dim() != 1 or lengths_t.numel() == 0:
+        raise ValueError(f"lengths must be a non-empty 1-D sequence (B,), got shape "
+                         f"{tuple(lengths_t.shape)}")
+    if max_len is None:
+        max_len = int(lengths_t.max())
+    max_len = check_positive_int(max_len, "max_len")
+    if (lengths_t < 0).any() or (lengths_t > max_len).any():
+        raise ValueError(f"every length must be in [0, max_len={max_len}], "
+                         f"got {lengths_t.tolist()}")
+    positions = torch.arange(max_len, device=lengths_t.device).unsqueeze(0)  # (1, max_len)
+    lengths_col = lengths_t.unsqueeze(1)  # (B, 1)
+    if side == "right":
+        return positions < lengths_col  # (B, max_len)
+    return positions >= max_len - lengths_col  # (B, max_len)
+
+
+def to_torch_mha_mask(mask: Tensor) -> Tensor:
+    """Invert a course mask for ``nn.MultiheadAttention`` (where ``True`` = may NOT attend)."""
+    check_bool_mask(mask, "mask", mask.shape if isinstance(mask, Tensor) else ())
+    return ~mask
+
+
+def to_additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Additive float mask: ``0.0`` where attention is allowed, ``-inf`` where blocked.
+
+    Adding it to the scores before softmax is equivalent to the boolean mask
+    (except on fully blocked rows, where softmax of all ``-inf`` is NaN).
+    """
+    check_bool_mask(mask, "mask", mask.shape if isinstance(mask, Tensor) else ())
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return additive.masked_fill(~mask, float("-inf"))
+
+
+def combine_masks(
+    t_q: int,
+    t_k: int,
+    *,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
+    is_causal: bool = False,
+) -> Tensor | None:
+    """AND together the masks one attention call may get; ``None`` if nothing is masked.
+
+    Args:
+        t_q, t_k: query and key lengths.
+        attn_mask: bool ``(T_q, T_k)`` or ``(B, T_q, T_k)``, ``True`` = may attend.
+        key_padding_mask: bool ``(B, T_k)``, ``True`` on real keys.
+        is_causal: add ``causal_mask(t_q, t_k)`` (bottom-right aligned).
+
+    Returns:
+        bool mask broadcastable to ``(B, H, T_q, T_k)``: ``(T_q, T_k)``, or
+        ``(B, 1, T_q, T_k)`` when a batch-dependent mask is involved.
+    """
+    mask: Tensor | None = None
+    if is_causal:
+        device = next((m.device for m in (attn_mask, key_padding_mask) if m is not None), None)
+        mask = causal_mask(t_q, t_k, device=device)  # (T_q, T_k)
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor) or attn_mask.dim() not in (2, 3):
+            shape = tuple(attn_mask.shape) if isinstance(attn_mask, Tensor) else attn_mask
+            raise ValueError(f"attn_mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
+                             f"(B, T_q, T_k), got {shape}")
+        check_bool_mask(attn_mask, "attn_mask", (*attn_mask.shape[:-2], t_q, t_k))
+        if attn_mask.shape[-2:] != (t_q, t_k):
+            raise ValueError(f"attn_mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
+                             f"(B, {t_q}, {t_k}), got {tuple(attn_mask.shape)}")
+        if attn_mask.dim() == 3:
+            attn_mask = attn_mask.unsqueeze(1)  # (B, T_q, T_k) -> (B, 1, T_q, T_k)
+        mask = attn_mask if mask is None else mask & attn_mask
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dim() != 2:
+            shape = (tuple(key_padding_mask.shape) if isinstance(key_padding_mask, Tensor)
+                     else key_padding_mask)
+            raise ValueError(f"key_padding_mask must have shape (B, T_k) with T_k={t_k}, "
+                             f"got {shape}")
+        check_bool_mask(key_padding_mask, "key_padding_mask", (key_padding_mask.shape[0], t_k))
+        if key_padding_mask.shape[1] != t_k:
+            raise ValueError(f"key_padding_mask must have shape (B, T_k) with T_k={t_k}, "
+                             f"got {tuple(key_padding_mask.shape)}")
+        kpm = key_padding_mask[:, None, None, :]  # (B, T_k) -> (B, 1, 1, T_k)
+        mask = kpm if mask is None else mask & kpm
+    return mask
