@@ -35,6 +35,8 @@ def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
     """
     check_tensor(x, "x", min_ndim=1)
     temperature = check_positive_real(temperature, "temperature")
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__} {dim!r}")
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}] for x of shape "
                          f"{tuple(x.shape)}, got {dim}")
@@ -42,14 +44,16 @@ def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
         raise ValueError("x contains NaN; softmax of NaN scores is undefined")
     if x.shape[dim] == 0:
         raise ValueError(f"x has size 0 along dim {dim}; there is nothing to normalise")
-    scaled = x / temperature
+    # float16/bfloat16 sums of many small terms lose digits: work in float32.
+    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     # Subtracting the maximum is exact algebra (exp(a - m) / sum exp(b - m)) and
-    # keeps every exponent <= 0, so exp never overflows.
-    shifted = scaled - scaled.amax(dim=dim, keepdim=True).detach()
+    # keeps every exponent <= 0, so exp never overflows. Shifting before dividing
+    # by the temperature also keeps x / temperature finite for tiny temperatures.
+    shifted = work - work.amax(dim=dim, keepdim=True).detach()
     if torch.isnan(shifted).any():  # only +inf - +inf or -inf - -inf produce NaN here
         raise ValueError("x has a slice that is all -inf or contains +inf; softmax is undefined")
-    exp = shifted.exp()
-    return exp / exp.sum(dim=dim, keepdim=True)
+    exp = (shifted / temperature).exp()
+    return (exp / exp.sum(dim=dim, keepdim=True)).to(x.dtype)
 
 
 def attention_pool(x: Tensor, query: Tensor, *, scale: bool = True) -> tuple[Tensor, Tensor]:
@@ -66,11 +70,23 @@ def attention_pool(x: Tensor, query: Tensor, *, scale: bool = True) -> tuple[Ten
     """
     check_tensor(x, "x", min_ndim=2)
     check_tensor(query, "query", min_ndim=1)
+    if not isinstance(scale, bool):
+        raise TypeError(f"scale must be True or False, got {type(scale).__name__} {scale!r}")
     if query.shape[-1] != x.shape[-1]:
         raise ValueError(
             f"query must have the tokens' width D={x.shape[-1]} as its last dimension, "
             f"got query of shape {tuple(query.shape)} for x of shape {tuple(x.shape)}"
         )
+    if x.shape[-1] == 0 or x.shape[-2] == 0:
+        raise ValueError(f"x must have at least one token (T >= 1) of width D >= 1, "
+                         f"got shape {tuple(x.shape)}")
+    if query.device != x.device:
+        raise ValueError(
+            f"query is on {query.device} but x is on {x.device}; move both to one device"
+        )
+    for name, value in (("x", x), ("query", query)):
+        if not torch.isfinite(value).all():
+            raise ValueError(f"{name} contains NaN or inf; tokens and queries must be finite")
     if query.dtype != x.dtype:
         raise TypeError(f"query dtype {query.dtype} differs from x dtype {x.dtype}")
     try:
