@@ -16,6 +16,7 @@ from .layers import (
     split_heads,
 )
 from .masks import causal_mask, combine_masks, padding_mask, to_additive_mask, to_torch_mha_mask
+from .self_attention import SelfAttention, simple_self_attention
 from .softmax import attention_pool, softmax
 
 __version__ = "0.1.0"
@@ -27,6 +28,7 @@ __all__ = [
     "KVCache",
     "MultiHeadAttention",
     "PositionalEncoding",
+    "SelfAttention",
     "TransformerBlock",
     "attention",
     "causal_mask",
@@ -42,5 +44,6 @@ __all__ = [
     "environment_report",
     "pick_device",
     "seed_everything",
+    "simple_self_attention",
     "softmax",
 ]
