@@ -129,6 +129,11 @@ class MultiHeadAttention(nn.Module):
                              f"{tuple(x.shape)}")
         if batch is not None and x.shape[0] != batch:
             raise ValueError(f"{name} has batch size {x.shape[0]}, but query has {batch}")
+        if x.dtype != self.q_proj.weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            # nn.Linear would fail deep inside with "mat1 and mat2 must have the same dtype"
+            # (under autocast mixed dtypes are fine: autocast casts them itself).
+            raise TypeError(f"{name} has dtype {x.dtype} but the layer's weights are "
+                            f"{self.q_proj.weight.dtype}; convert one with .to(dtype)")
         return x
 
     def forward(
@@ -180,6 +185,12 @@ class MultiHeadAttention(nn.Module):
         if isinstance(key_padding_mask, Tensor) and key_padding_mask.shape[:1] != query.shape[:1]:
             raise ValueError(f"key_padding_mask must have shape (B, T_k) with B={query.shape[0]}, "
                              f"got {tuple(key_padding_mask.shape)}")
+        if (isinstance(attn_mask, Tensor) and attn_mask.dim() == 3
+                and attn_mask.shape[0] not in (1, query.shape[0])):
+            raise ValueError(f"attn_mask must have shape (T_q, T_k) or (B, T_q, T_k) with "
+                             f"B={query.shape[0]}, got {tuple(attn_mask.shape)}")
+        if not isinstance(need_weights, bool):
+            raise TypeError(f"need_weights must be a bool, got {need_weights!r}")
         mask = combine_masks(q.shape[2], k.shape[2], attn_mask=attn_mask,
                              key_padding_mask=key_padding_mask, is_causal=is_causal)
         dropout_p = self.dropout if self.training else 0.0

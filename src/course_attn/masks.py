@@ -122,15 +122,20 @@ def combine_masks(
         bool mask broadcastable to ``(B, H, T_q, T_k)``: ``(T_q, T_k)``, or
         ``(B, 1, T_q, T_k)`` when a batch-dependent mask is involved.
     """
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__} {is_causal!r}")
+    for name, value in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
+        if value is not None and not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a boolean torch.Tensor or None, got "
+                            f"{type(value).__name__}")
     mask: Tensor | None = None
     if is_causal:
         device = next((m.device for m in (attn_mask, key_padding_mask) if m is not None), None)
         mask = causal_mask(t_q, t_k, device=device)  # (T_q, T_k)
     if attn_mask is not None:
-        if not isinstance(attn_mask, Tensor) or attn_mask.dim() not in (2, 3):
-            shape = tuple(attn_mask.shape) if isinstance(attn_mask, Tensor) else attn_mask
+        if attn_mask.dim() not in (2, 3):
             raise ValueError(f"attn_mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
-                             f"(B, T_q, T_k), got {shape}")
+                             f"(B, T_q, T_k), got {tuple(attn_mask.shape)}")
         check_bool_mask(attn_mask, "attn_mask", (*attn_mask.shape[:-2], t_q, t_k))
         if attn_mask.shape[-2:] != (t_q, t_k):
             raise ValueError(f"attn_mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
@@ -139,11 +144,9 @@ def combine_masks(
             attn_mask = attn_mask.unsqueeze(1)  # (B, T_q, T_k) -> (B, 1, T_q, T_k)
         mask = attn_mask if mask is None else mask & attn_mask
     if key_padding_mask is not None:
-        if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dim() != 2:
-            shape = (tuple(key_padding_mask.shape) if isinstance(key_padding_mask, Tensor)
-                     else key_padding_mask)
+        if key_padding_mask.dim() != 2:
             raise ValueError(f"key_padding_mask must have shape (B, T_k) with T_k={t_k}, "
-                             f"got {shape}")
+                             f"got {tuple(key_padding_mask.shape)}")
         check_bool_mask(key_padding_mask, "key_padding_mask", (key_padding_mask.shape[0], t_k))
         if key_padding_mask.shape[1] != t_k:
             raise ValueError(f"key_padding_mask must have shape (B, T_k) with T_k={t_k}, "
