@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from matplotlib.axes import Axes
 
-__all__ = ["interactive_plot", "plot_attention", "plot_distribution"]
+__all__ = ["interactive_plot", "plot_attention", "plot_curves", "plot_distribution"]
 
 
 def _to_numpy(values: object, name: str) -> np.ndarray:
@@ -22,7 +22,9 @@ def _to_numpy(values: object, name: str) -> np.ndarray:
     try:
         return np.asarray(values, dtype=float)
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a tensor or array of numbers, got {type(values).__name__}")
+        raise TypeError(
+            f"{name} must be a tensor or array of numbers, got {type(values).__name__}"
+        ) from None
 
 
 def _check_labels(labels: Sequence[str] | None, size: int, name: str) -> None:
@@ -119,3 +121,43 @@ def interactive_plot(draw: Callable[..., object], **controls: object):
         plt.show()
 
     return widgets.interactive(_draw, **controls)
+
+
+def plot_curves(
+    x: object,
+    curves: dict[str, object],
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    xlabel: str = "",
+    ylabel: str = "",
+    logx: bool = False,
+    logy: bool = False,
+) -> Axes:
+    """Line plot of several named curves over one shared 1-D ``x`` (e.g. a measurement vs d_k).
+
+    ``curves`` maps a legend label to a 1-D series of ``len(x)`` values; a label
+    starting with ``"theory"`` is drawn dashed, so measured and predicted curves
+    are told apart at a glance (Chapter 4).
+    """
+    xs = _to_numpy(x, "x")
+    if xs.ndim != 1:
+        raise ValueError(f"x must be 1-D, got shape {xs.shape}")
+    if not isinstance(curves, dict) or not curves:
+        raise TypeError(f"curves must be a non-empty dict of label -> values, got {curves!r}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.0, 3.2))
+    for label, values in curves.items():
+        ys = _to_numpy(values, f"curves[{label!r}]")
+        if ys.shape != xs.shape:
+            raise ValueError(f"curves[{label!r}] must have shape {xs.shape}, got {ys.shape}")
+        style = "--" if str(label).startswith("theory") else "-o"
+        ax.plot(xs, ys, style, label=str(label), markersize=3)
+    ax.set_xscale("log" if logx else "linear")
+    ax.set_yscale("log" if logy else "linear")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    return ax
