@@ -1,0 +1,149 @@
+"""Every chapter notebook follows the conventions of CONTRIBUTING.md.
+
+These tests read the notebooks' JSON only (they never run or import notebook code):
+the set-up cell, execution order, kernelspec, hidden solutions that check themselves,
+and the table of contents. They cover every ``notebooks/*.ipynb``, present and future.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+ASSERTS = re.compile(r"\bassert\b|\bassert_\w+\(")
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def _code_cells(nb: dict) -> list[dict]:
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def _tags(cell: dict) -> set[str]:
+    return set(cell.get("metadata", {}).get("tags", []))
+
+
+def _repository_url() -> str:
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    return config["repository"]["url"]
+
+
+def _setup_cell_from_contributing() -> str:
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    after = text.split("The first code cell is always", 1)[1]
+    block = re.search(r"```python\n(.*?)```", after, re.DOTALL)
+    assert block, "CONTRIBUTING.md lost the python block of the set-up cell"
+    return textwrap.dedent(block.group(1)).strip()
+
+
+def _toc_files() -> set[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    found: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key in ("file", "root"):
+                if isinstance(node.get(key), str):
+                    found.add(node[key].removesuffix(".ipynb").removesuffix(".md"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(toc)
+    return found
+
+
+notebook_params = pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no notebooks/*.ipynb found"
+    assert (ROOT / "notebooks" / "01_softmax_weighting.ipynb") in NOTEBOOKS
+
+
+@notebook_params
+def test_first_code_cell_installs_from_the_configured_repository(path):
+    first = _source(_code_cells(_load(path))[0])
+    urls = re.findall(r"git\+(https?://[^\s\"'@]+)", first)
+    assert urls, f"{path.name}: the first code cell installs nothing from git"
+    assert urls == [_repository_url()], (
+        f"{path.name}: installs from {urls}, but _config.yml says {_repository_url()}"
+    )
+    # Only where the package is missing (Colab, Binder): a local run must not reinstall.
+    guard = first.index('importlib.util.find_spec("course_attn") is None')
+    assert guard < first.index("%pip install")
+    assert "print(course_attn.environment_report())" in first
+
+
+@notebook_params
+def test_first_code_cell_is_the_one_in_contributing(path):
+    first = _source(_code_cells(_load(path))[0]).strip()
+    assert first == _setup_cell_from_contributing()
+
+
+@notebook_params
+def test_first_cell_is_the_chapter_title(path):
+    cells = _load(path)["cells"]
+    number = int(path.stem.split("_", 1)[0])
+    assert cells[0]["cell_type"] == "markdown"
+    assert re.match(rf"# Chapter {number}: \S", _source(cells[0])), _source(cells[0])[:80]
+
+
+@notebook_params
+def test_kernelspec_and_execution_order(path):
+    nb = _load(path)
+    kernelspec = nb["metadata"].get("kernelspec", {})
+    assert kernelspec.get("name") and kernelspec.get("language") == "python"
+    counts = [c.get("execution_count") for c in _code_cells(nb)]
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{path.name}: execution counts {counts}; re-run with make notebooks NB={path.name}"
+    )
+
+
+@notebook_params
+def test_no_error_outputs_except_where_tagged(path):
+    for index, cell in enumerate(_code_cells(_load(path)), start=1):
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        assert not errors or "raises-exception" in _tags(cell), (
+            f"{path.name}, code cell {index}: stored error {errors[0].get('ename')}"
+        )
+
+
+@notebook_params
+def test_hidden_solutions_check_themselves(path):
+    solutions = [c for c in _code_cells(_load(path)) if "hide-input" in _tags(c)]
+    assert solutions, f"{path.name}: no exercise solutions tagged hide-input"
+    for cell in solutions:
+        assert ASSERTS.search(_source(cell)), (
+            f"{path.name}: a hide-input solution has no assert:\n{_source(cell)[:200]}"
+        )
+
+
+@notebook_params
+def test_ignored_outputs_still_assert(path):
+    for cell in _code_cells(_load(path)):
+        if "nbval-ignore-output" in _tags(cell):
+            assert ASSERTS.search(_source(cell)), (
+                f"{path.name}: an nbval-ignore-output cell checks nothing:\n{_source(cell)[:200]}"
+            )
+
+
+@notebook_params
+def test_notebook_is_in_the_toc(path):
+    assert path.relative_to(ROOT).with_suffix("").as_posix() in _toc_files()
