@@ -480,3 +480,29 @@ def test_fully_masked_rows_match_torch_fused_attention(impl):
     for grad, ref_grad in zip(grads, ref_grads, strict=True):
         assert torch.isfinite(grad).all()
         assert_close(grad, ref_grad, **F64)
+
+
+# ------------------------------------------------------------------ plotting
+
+
+def test_plot_mask_draws_the_mask():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course_attn.viz import plot_mask
+
+    mask = causal_mask(2, 4)
+    ax = plot_mask(mask, x_labels=list("abcd"), title="bottom-right")
+    drawn = ax.images[0].get_array()
+    assert drawn.shape == (2, 4) and (drawn == mask.numpy()).all()
+    assert [t.get_text() for t in ax.texts] == [str(int(m)) for m in mask.flatten().tolist()]
+    assert ax.get_title() == "bottom-right" and ax.get_xlabel() == "key"
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="mask"):
+        plot_mask(torch.ones(2, 2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask"):
+        plot_mask(torch.full((2, 2), 0.5))
+    with pytest.raises(ValueError, match="x_labels"):
+        plot_mask(mask, x_labels=["a"])

@@ -355,3 +355,25 @@ def test_forward_bad_inputs(args, kwargs, error, name):
 def test_split_merge_bad_inputs(fn, args, error, name):
     with pytest.raises(error, match=name):
         fn(*args)
+
+
+def test_plot_heads_one_heatmap_per_head():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course_attn.viz import plot_heads
+
+    torch.manual_seed(90)
+    _, weights = MultiHeadAttention(8, 4)(torch.randn(1, 3, 8), need_weights=True)
+    axes = plot_heads(weights[0], list("abc"), list("abc"), head_names=list("wxyz"))
+    assert [ax.get_title() for ax in axes] == list("wxyz")
+    for h, ax in enumerate(axes):
+        assert_close(torch.from_numpy(ax.images[0].get_array().data).float(),
+                     weights[0, h].detach())
+    plt.close(axes[0].figure)
+    with pytest.raises(ValueError, match="weights"):
+        plot_heads(weights[0, 0])
+    with pytest.raises(ValueError, match="head_names"):
+        plot_heads(weights[0], head_names=["only one"])

@@ -13,7 +13,14 @@ import numpy as np
 import torch
 from matplotlib.axes import Axes
 
-__all__ = ["interactive_plot", "plot_attention", "plot_curves", "plot_distribution"]
+__all__ = [
+    "interactive_plot",
+    "plot_attention",
+    "plot_curves",
+    "plot_distribution",
+    "plot_heads",
+    "plot_mask",
+]
 
 
 def _to_numpy(values: object, name: str) -> np.ndarray:
@@ -161,3 +168,74 @@ def plot_curves(
     if title:
         ax.set_title(title)
     return ax
+
+
+def plot_mask(
+    mask: object,
+    x_labels: Sequence[str] | None = None,
+    y_labels: Sequence[str] | None = None,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Axes:
+    """A boolean ``(T_q, T_k)`` mask as a grid (Chapter 5): dark = may attend, light = blocked.
+
+    Cells read "1" (``True``, may attend) or "0" (blocked), as in the course's
+    convention; rows are queries, columns keys.
+    """
+    data = _to_numpy(mask, "mask")
+    if data.ndim != 2:
+        raise ValueError(f"mask must be 2-D (T_q, T_k), got shape {data.shape}")
+    if not np.isin(data, (0.0, 1.0)).all():
+        raise ValueError("mask must hold only True/False (or 1/0) values")
+    _check_labels(x_labels, data.shape[1], "x_labels")
+    _check_labels(y_labels, data.shape[0], "y_labels")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(2.5, 0.9 + 0.45 * data.shape[1]),
+                                      max(2.2, 0.9 + 0.4 * data.shape[0])))
+    ax.imshow(data, cmap="Blues", vmin=-0.25, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(data.shape[1]), labels=x_labels or range(data.shape[1]))
+    ax.set_yticks(range(data.shape[0]), labels=y_labels or range(data.shape[0]))
+    if x_labels is not None and max((len(str(s)) for s in x_labels), default=0) > 3:
+        ax.tick_params(axis="x", labelrotation=45)
+    if data.size <= 256:
+        for (i, j), value in np.ndenumerate(data):
+            ax.text(j, i, str(int(value)), ha="center", va="center", fontsize=8,
+                    color="white" if value else "black")
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plot_heads(
+    weights: object,
+    x_labels: Sequence[str] | None = None,
+    y_labels: Sequence[str] | None = None,
+    *,
+    head_names: Sequence[str] | None = None,
+    axes: Sequence[Axes] | None = None,
+    annotate: bool | None = False,
+) -> list[Axes]:
+    """One labelled heatmap per head of ``weights (H, T_q, T_k)``, side by side (Chapter 6).
+
+    All heads share the colour scale 0..1 so they can be compared.
+    """
+    data = _to_numpy(weights, "weights")
+    if data.ndim != 3:
+        raise ValueError(f"weights must be 3-D (H, T_q, T_k), got shape {data.shape}")
+    n_heads = data.shape[0]
+    _check_labels(head_names, n_heads, "head_names")
+    if axes is None:
+        width = max(3.0, 1.2 + 0.45 * data.shape[2])
+        _, grid = plt.subplots(1, n_heads, figsize=(width * n_heads, max(2.5, 1.0 + 0.45 *
+                                                                          data.shape[1])))
+        axes = list(np.atleast_1d(grid))
+    if len(axes) != n_heads:
+        raise ValueError(f"axes must have {n_heads} entries (one per head), got {len(axes)}")
+    for h, ax in enumerate(axes):
+        name = head_names[h] if head_names is not None else f"head {h}"
+        plot_attention(data[h], x_labels, y_labels, ax=ax, title=name, annotate=annotate,
+                       vmax=1.0)
+    return list(axes)
