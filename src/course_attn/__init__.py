@@ -4,6 +4,15 @@ Each public name states in its docstring the chapter that derives it.
 """
 
 from .attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
+from .encoder_decoder import (
+    Decoder,
+    Encoder,
+    EncoderDecoder,
+    EncoderDecoderConfig,
+    block_gradient_norms,
+    decode_step_seconds,
+    positions_from_padding_mask,
+)
 from .env import environment_report, pick_device, seed_everything
 from .layers import (
     FeedForward,
@@ -42,6 +51,13 @@ __all__ = [
     "to_torch_mha_mask",
     "attention_pool",
     "environment_report",
+    "Decoder",
+    "Encoder",
+    "EncoderDecoder",
+    "EncoderDecoderConfig",
+    "block_gradient_norms",
+    "decode_step_seconds",
+    "positions_from_padding_mask",
     "pick_device",
     "seed_everything",
     "simple_self_attention",

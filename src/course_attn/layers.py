@@ -12,8 +12,10 @@ import torch.nn as nn
 from torch import Tensor
 
 from ._validation import (
+    check_bool_mask,
     check_choice,
     check_positive_int,
+    check_positive_real,
     check_probability,
     check_tensor,
 )
@@ -292,7 +294,11 @@ class TransformerBlock(nn.Module):
                  activation: str = "gelu", bias: bool = True, layer_norm_eps: float = 1e-5,
                  impl: str = "manual") -> None:
         super().__init__()
-        self.norm_first = bool(norm_first)
+        for name, flag in (("norm_first", norm_first), ("cross_attention", cross_attention)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {flag!r}")
+        check_positive_real(layer_norm_eps, "layer_norm_eps")
+        self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout,
                                             impl=impl)
         self.cross_attn = (MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout,
@@ -309,9 +315,35 @@ class TransformerBlock(nn.Module):
                 memory: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
                 cache: KVCache | None = None) -> Tensor:
         """``x (B, T, D)`` -> ``(B, T, D)``; ``memory (B, T_m, D)`` is the encoder output."""
+        # Check here, not deep inside: a wrong width would otherwise surface as a
+        # LayerNorm shape error, and memory's errors would be reported as "key".
+        d_model = self.self_attn.d_model
+        check_tensor(x, "x", ndim=3)
+        if x.shape[-1] != d_model:
+            raise ValueError(f"x must be (B, T, D) with D=d_model={d_model}, got shape "
+                             f"{tuple(x.shape)}")
+        if x.dtype != self.norm1.weight.dtype:
+            raise TypeError(f"x has dtype {x.dtype} but the block's weights are "
+                            f"{self.norm1.weight.dtype}; convert one with .to(dtype)")
         if (memory is None) != (self.cross_attn is None):
             raise ValueError("memory must be given exactly when the block was built with "
-                             "cross_attention=True")
+                             f"cross_attention=True (this block has cross_attention="
+                             f"{self.cross_attn is not None})")
+        if memory is None and memory_key_padding_mask is not None:
+            raise ValueError("memory_key_padding_mask was given without memory")
+        if memory is not None:
+            check_tensor(memory, "memory", ndim=3)
+            if (memory.shape[0], memory.shape[2]) != (x.shape[0], d_model):
+                raise ValueError(f"memory must be (B, T_m, D) with B={x.shape[0]} and "
+                                 f"D={d_model}, got shape {tuple(memory.shape)}")
+            if memory.dtype != x.dtype:
+                raise TypeError(f"memory has dtype {memory.dtype} but x has {x.dtype}")
+            if memory_key_padding_mask is not None:
+                expected = (memory.shape[0], memory.shape[1])
+                check_bool_mask(memory_key_padding_mask, "memory_key_padding_mask", expected)
+                if tuple(memory_key_padding_mask.shape) != expected:
+                    raise ValueError(f"memory_key_padding_mask must have shape (B, T_m)="
+                                     f"{expected}, got {tuple(memory_key_padding_mask.shape)}")
 
         def self_attention(h: Tensor) -> Tensor:
             return self.dropout(self.self_attn(h, key_padding_mask=key_padding_mask,

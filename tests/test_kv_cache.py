@@ -1,0 +1,203 @@
+"""Chapter 7: decoding with a KV cache gives the same outputs as recomputing everything.
+
+Checked at three levels (multi-head attention, a stack of decoder-only blocks,
+the encoder-decoder's decoder), in float64, batch > 1, with left padding where
+the positions count from each row's first real token and the key padding mask
+covers every cached key. Tolerance: ``atol=1e-10, rtol=1e-8`` in float64 (the
+cached and the full path multiply the same numbers in differently shaped
+matmuls, so they agree to ~1e-15, not bit for bit).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from course_attn import (
+    EncoderDecoder,
+    EncoderDecoderConfig,
+    KVCache,
+    MultiHeadAttention,
+    PositionalEncoding,
+    TransformerBlock,
+    decode_step_seconds,
+    padding_mask,
+    positions_from_padding_mask,
+)
+
+TOL = {"atol": 1e-10, "rtol": 1e-8}
+D, H = 16, 4
+
+
+def test_multi_head_attention_with_cache_matches_full_causal_attention():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(D, H).double().eval()
+    x = torch.randn(3, 7, D, dtype=torch.float64)
+    full = mha(x, is_causal=True)  # (B, T, D)
+    cache = KVCache()
+    for t in range(7):
+        step = mha(x[:, t:t + 1], is_causal=True, cache=cache)  # (B, 1, D)
+        assert cache.length == t + 1
+        assert_close(step[:, 0], full[:, t], **TOL)
+
+
+def test_chunked_prefill_then_single_steps_match_the_full_pass():
+    """A chunk of T_q > 1 new queries against T_k > T_q keys needs bottom-right causality."""
+    torch.manual_seed(1)
+    mha = MultiHeadAttention(D, H).double().eval()
+    x = torch.randn(2, 8, D, dtype=torch.float64)
+    full = mha(x, is_causal=True)
+    cache = KVCache()
+    pieces = [mha(x[:, a:b], is_causal=True, cache=cache) for a, b in ((0, 3), (3, 6), (6, 7),
+                                                                       (7, 8))]
+    assert_close(torch.cat(pieces, dim=1), full, **TOL)
+
+
+def _left_padded_batch(lengths: list[int], total: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(lengths), total, D, generator=g, dtype=torch.float64)
+    mask = padding_mask(lengths, total, side="left")  # (B, T): pads first
+    return x, mask
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_decoder_only_stack_with_cache_matches_full_pass_with_left_padding(norm_first):
+    torch.manual_seed(2)
+    blocks = [TransformerBlock(D, H, norm_first=norm_first).double().eval() for _ in range(2)]
+    pe = PositionalEncoding(D, max_len=32)
+    x, mask = _left_padded_batch([6, 3, 1], 6, seed=3)
+    positions = positions_from_padding_mask(mask)  # (B, T): 0 at each row's first real token
+
+    def run(h, kpm, pos, caches=None):
+        h = pe(h, pos)
+        for i, block in enumerate(blocks):
+            h = block(h, key_padding_mask=kpm, is_causal=True,
+                      cache=None if caches is None else caches[i])
+        return h
+
+    full = run(x, mask, positions)  # (B, T, D)
+    caches = [KVCache(), KVCache()]
+    for t in range(6):
+        step = run(x[:, t:t + 1], mask[:, :t + 1], positions[:, t:t + 1], caches)
+        assert caches[0].length == t + 1
+        real = mask[:, t]
+        assert_close(step[real, 0], full[real, t], **TOL)  # padded query rows are never used
+    # each left-padded row equals the same sequence run alone, without padding
+    for row, n in enumerate([6, 3, 1]):
+        alone = run(x[row:row + 1, 6 - n:], None, None)
+        assert_close(full[row, 6 - n:], alone[0], **TOL)
+
+
+def _model(norm_first: bool = True) -> EncoderDecoder:
+    torch.manual_seed(4)
+    config = EncoderDecoderConfig(src_vocab_size=9, tgt_vocab_size=10, d_model=D, n_heads=H,
+                                  n_layers=2, norm_first=norm_first, max_len=32)
+    return EncoderDecoder(config).double().eval()
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_encoder_decoder_incremental_decoding_matches_full_pass_every_step(norm_first):
+    model = _model(norm_first)
+    g = torch.Generator().manual_seed(5)
+    src, src_mask = torch.randint(9, (3, 5), generator=g), padding_mask([5, 2, 4])
+    tgt, tgt_mask = torch.randint(10, (3, 7), generator=g), padding_mask([7, 4, 2], side="left")
+    memory = model.encoder(src, src_mask)
+    full = model.decoder(tgt, memory, tgt_key_padding_mask=tgt_mask,
+                         memory_key_padding_mask=src_mask)  # (B, T_t, V)
+    caches = model.new_caches()
+    for t in range(7):
+        logits = model.decoder(tgt[:, t:t + 1], memory, tgt_key_padding_mask=tgt_mask[:, :t + 1],
+                               memory_key_padding_mask=src_mask, caches=caches)  # (B, 1, V)
+        real = tgt_mask[:, t]
+        assert_close(logits[real, 0], full[real, t], **TOL)
+    assert all(cache.length == 7 for cache in caches)
+
+
+def test_greedy_decoding_is_identical_with_and_without_the_cache():
+    model = _model()
+    g = torch.Generator().manual_seed(6)
+    src, src_mask = torch.randint(9, (3, 6), generator=g), padding_mask([6, 3, 5])
+    prompt = torch.randint(10, (3, 3), generator=g)
+    prompt_mask = padding_mask([3, 1, 2], side="left")
+    kwargs = {"src_key_padding_mask": src_mask, "prompt_key_padding_mask": prompt_mask}
+    cached = model.greedy_decode(src, prompt, 8, use_cache=True, **kwargs)
+    uncached = model.greedy_decode(src, prompt, 8, use_cache=False, **kwargs)
+    assert cached.shape == (3, 11)
+    assert torch.equal(cached, uncached)
+    assert torch.equal(cached[:, :3], prompt)
+    # a left-padded row continues exactly as the same prompt alone would
+    alone = model.greedy_decode(src[1:2, :3], prompt[1:2, 2:], 8)
+    assert torch.equal(alone[0], cached[1, 2:])
+
+
+def test_kv_cache_grows_resets_and_rejects_mismatches():
+    cache = KVCache()
+    assert cache.length == 0
+    k = torch.randn(2, H, 3, 4)
+    all_k, all_v = cache.update(k, k + 1)
+    assert cache.length == 3 and torch.equal(all_k, k) and torch.equal(all_v, k + 1)
+    all_k, _ = cache.update(torch.randn(2, H, 1, 4), torch.randn(2, H, 1, 4))
+    assert all_k.shape == (2, H, 4, 4) and torch.equal(all_k[:, :, :3], k)
+    with pytest.raises(ValueError, match=r"the cache holds \(B, H, head_dim\)=\(2, 4, 4\)"):
+        cache.update(torch.randn(3, H, 1, 4), torch.randn(3, H, 1, 4))
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        cache.update(torch.randn(2, H, 1, 4), torch.randn(2, H, 2, 4))
+    cache.reset()
+    assert cache.length == 0 and cache.k is None
+
+
+def test_a_cache_used_with_a_mismatched_batch_or_mask_is_rejected():
+    block = TransformerBlock(D, H)
+    cache = KVCache()
+    block(torch.randn(2, 3, D), is_causal=True, cache=cache)
+    with pytest.raises(ValueError, match="the cache holds"):
+        block(torch.randn(3, 1, D), is_causal=True, cache=cache)
+    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, T_k\) with T_k=4"):
+        block(torch.randn(2, 1, D), is_causal=True, cache=cache,
+              key_padding_mask=torch.ones(2, 1, dtype=torch.bool))  # covers only the new key
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
+        block(torch.randn(2, 1, D), cache=[])
+    with pytest.raises(ValueError, match="cache is for self-attention"):
+        MultiHeadAttention(D, H)(torch.randn(2, 1, D), torch.randn(2, 3, D), torch.randn(2, 3, D),
+                                 cache=KVCache())
+
+
+def test_decoder_rejects_bad_caches():
+    model = _model()
+    memory = model.encoder(torch.zeros(2, 3, dtype=torch.long))
+    tgt = torch.zeros(2, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="caches must be a list of 2 KVCache"):
+        model.decoder(tgt, memory, caches=[KVCache()])
+    with pytest.raises(TypeError, match="caches must hold KVCache objects"):
+        model.decoder(tgt, memory, caches=[KVCache(), "cache"])
+    caches = model.new_caches()
+    model.decoder(torch.zeros(2, 2, dtype=torch.long), memory, caches=caches)
+    with pytest.raises(ValueError, match=r"tgt_key_padding_mask must have shape \(B, T\)=\(2, 3\)"):
+        model.decoder(tgt, memory, caches=caches, tgt_key_padding_mask=torch.ones(2, 1).bool())
+    with pytest.raises(ValueError, match="the cache holds"):
+        model.decoder(torch.zeros(1, 1, dtype=torch.long), memory[:1], caches=caches)
+    caches[0].reset()
+    with pytest.raises(ValueError, match="different lengths"):
+        model.decoder(tgt, memory, caches=caches)
+    with pytest.raises(ValueError, match="memory must have shape"):
+        model.decoder(tgt, memory[:, :, :8])
+
+
+def test_decode_step_seconds_returns_a_time_and_validates():
+    model = EncoderDecoder(EncoderDecoderConfig(src_vocab_size=5, tgt_vocab_size=5, d_model=8,
+                                                n_heads=2, n_layers=1, max_len=16))
+    for use_cache in (True, False):
+        seconds = decode_step_seconds(model, 4, use_cache=use_cache, src_len=3, repeats=2)
+        assert isinstance(seconds, float) and math.isfinite(seconds) and seconds > 0
+    with pytest.raises(ValueError, match="max_len=16"):
+        decode_step_seconds(model, 16, use_cache=True)
+    with pytest.raises(TypeError, match="use_cache must be a bool"):
+        decode_step_seconds(model, 4, use_cache="yes")
+    with pytest.raises(TypeError, match="model must be an EncoderDecoder"):
+        decode_step_seconds(TransformerBlock(8, 2), 4, use_cache=True)
+    with pytest.raises(TypeError, match="use_cache must be a bool"):
+        model.greedy_decode(torch.zeros(1, 2, dtype=torch.long),
+                            torch.zeros(1, 1, dtype=torch.long), 2, use_cache=1)
