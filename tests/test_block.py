@@ -415,3 +415,20 @@ def test_encoder_decoder_rejects_bad_tokens_masks_and_configs():
         block_gradient_norms(0, norm_first=True)
     with pytest.raises(TypeError, match="norm_first must be a bool"):
         block_gradient_norms(2, norm_first="post")
+
+
+def test_plot_heatmap_draws_the_matrix_and_rejects_other_ranks():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_attn import viz
+
+    table = sinusoidal_table(12, 6)
+    ax = viz.plot_heatmap(table, xlabel="dimension", ylabel="position", title="PE")
+    image = ax.get_images()[0]
+    assert image.get_array().shape == (12, 6)
+    assert_close(torch.as_tensor(image.get_array().data), table.double())
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("dimension", "position", "PE")
+    with pytest.raises(ValueError, match="matrix must be 2-D"):
+        viz.plot_heatmap(torch.zeros(3))
+    matplotlib.pyplot.close("all")

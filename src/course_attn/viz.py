@@ -18,6 +18,7 @@ __all__ = [
     "plot_attention",
     "plot_curves",
     "plot_distribution",
+    "plot_heatmap",
     "plot_heads",
     "plot_mask",
 ]
@@ -239,3 +240,35 @@ def plot_heads(
         plot_attention(data[h], x_labels, y_labels, ax=ax, title=name, annotate=annotate,
                        vmax=1.0)
     return list(axes)
+
+
+def plot_heatmap(
+    matrix: object,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    xlabel: str = "",
+    ylabel: str = "",
+    cmap: str = "RdBu_r",
+    vmin: float | None = None,
+    vmax: float | None = None,
+) -> Axes:
+    """Heatmap of any 2-D matrix that is not an attention pattern (Chapter 7: the table of
+    positional encodings, rows = positions, columns = dimensions), with a colour bar.
+
+    Unlike :func:`plot_attention` it names no query/key axes and labels ticks sparsely,
+    so large matrices stay readable.
+    """
+    data = _to_numpy(matrix, "matrix")
+    if data.ndim != 2:
+        raise ValueError(f"matrix must be 2-D, got shape {data.shape}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.0, 4.0))
+    image = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
+                      interpolation="nearest")
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    return ax
