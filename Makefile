@@ -30,7 +30,12 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
-html: $(STAMP)
+# require.js and the ipywidgets manager from npm (pinned, sha512-checked) into _static_vendor/;
+# without npm a notice and the CDN defaults (an error when CI=true). See tools/fetch_assets.py.
+assets: $(STAMP)
+	$(BIN)/python tools/fetch_assets.py
+
+html: $(STAMP) assets
 	rm -rf _build/html _build/.doctrees
 	$(BIN)/jupyter-book build . -W -n --keep-going
 

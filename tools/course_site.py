@@ -1,0 +1,115 @@
+"""Sphinx extension: make the course site self-contained and free of console errors.
+
+1. Local widget scripts. ``tools/fetch_assets.py`` puts the pinned npm files into
+   ``_static_vendor/static/``. When they are there, that folder joins ``html_static_path``
+   (the files land in ``_build/html/_static/widgets/``) and myst-nb's ``nb_ipywidgets_js``
+   points at them instead of its CDN defaults. When they are missing: a printed notice and
+   the CDN defaults, so the book still builds; with ``CI=true`` that is an error.
+   (MathJax is served locally by the ``sphinx-mathjax-offline`` extension.)
+2. On pages with widgets, two small inline scripts:
+   - a require.js ``paths`` entry for the html-manager's ``dist/`` folder. The manager finds
+     its font files relative to the AMD module's URL, which require.js otherwise guesses
+     from the page's own folder (``notebooks/@jupyter-widgets/...``, a 404);
+   - ipywidgets typesets widget labels with the MathJax 2 call ``MathJax.Hub.Queue``; the
+     site runs MathJax 3, which has no ``Hub``, so that call is routed to
+     ``MathJax.typesetPromise`` (otherwise every labelled widget throws a TypeError).
+3. Exact duplicate inline scripts are dropped: under Sphinx 7 the inline ``<script>`` bodies
+   that extensions add while reading (sphinx-thebe's ``const THEBE_JS_URL ...``) are
+   written twice, and the second ``const`` is a SyntaxError in the console of every page.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from pathlib import Path
+
+from sphinx.application import Sphinx
+from sphinx.config import Config
+from sphinx.errors import ExtensionError
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+VENDOR = "_static_vendor"
+# Paths relative to _static/ (Sphinx prefixes a relative script path with _static/).
+# require.js first: embed-amd.js registers itself as an AMD module.
+WIDGET_SCRIPTS = {
+    "widgets/requirejs/require.js": {},
+    "widgets/html-manager/dist/embed-amd.js": {},
+}
+HTML_MANAGER_MODULE = "@jupyter-widgets/html-manager/dist"
+
+MATHJAX2_HUB_SHIM = """\
+document.addEventListener("DOMContentLoaded", function () {
+  var mj = window.MathJax;
+  if (!mj || !mj.startup || mj.Hub) return;
+  mj.Hub = {Queue: function (command) {
+    var element = command && command[2];
+    mj.startup.promise = mj.startup.promise.then(function () {
+      return mj.typesetPromise(element ? [element] : undefined);
+    });
+  }};
+});"""
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def _use_local_widget_scripts(app: Sphinx, config: Config) -> None:
+    vendor = Path(app.srcdir) / VENDOR
+    manifest = vendor / "manifest.json"
+    files = json.loads(manifest.read_text())["files"] if manifest.is_file() else {}
+    served = vendor / "static"
+    missing = [rel for rel in WIDGET_SCRIPTS if rel not in files or not (served / rel).is_file()]
+    if missing:
+        message = (f"{VENDOR}/ lacks {', '.join(missing)} (run `make assets`, which needs npm); "
+                   "widget pages load require.js and the ipywidgets manager from CDNs")
+        if _in_ci():
+            raise ExtensionError(message + ". CI must build the self-contained site.")
+        logger.info("NOTICE: %s", message, color="red")
+        return
+    config.html_static_path = [*config.html_static_path, str(served)]
+    config.nb_ipywidgets_js = dict(WIDGET_SCRIPTS)
+    logger.info("course_site: widget scripts served from _static/widgets/")
+
+
+def _widget_page_scripts(app: Sphinx, pagename: str, templatename: str, context: dict,
+                         doctree: object) -> None:
+    from myst_nb.sphinx_ import NbMetadataCollector
+
+    if "ipywidgets_state" not in NbMetadataCollector.get_js_files(app.env, pagename):
+        return
+    embed = next((uri for uri in app.config.nb_ipywidgets_js if uri.endswith("embed-amd.js")),
+                 None)
+    if embed is not None:
+        dist = posixpath.dirname(embed)
+        if "://" not in dist:
+            dist = context["pathto"](f"_static/{dist}", 1)
+        paths = json.dumps({"paths": {HTML_MANAGER_MODULE: dist}})
+        # A global `require` object before require.js loads is read as its configuration.
+        app.add_js_file(None, priority=499, body=f"var require = {paths};")
+    app.add_js_file(None, body=MATHJAX2_HUB_SHIM)
+
+
+def _drop_duplicate_inline_scripts(app: Sphinx, pagename: str, templatename: str,
+                                   context: dict, doctree: object) -> None:
+    seen: set[tuple] = set()
+    unique = []
+    for script in context.get("script_files", []):
+        attributes = tuple(sorted(getattr(script, "attributes", {}).items()))
+        key = (getattr(script, "filename", script) or "", attributes)
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    context["script_files"][:] = unique
+
+
+def setup(app: Sphinx) -> dict:
+    # After myst-nb registered nb_ipywidgets_js, before it reads it at builder-inited.
+    app.connect("config-inited", _use_local_widget_scripts)
+    app.connect("html-page-context", _widget_page_scripts)
+    app.connect("html-page-context", _drop_duplicate_inline_scripts, priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
