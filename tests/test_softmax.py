@@ -107,6 +107,19 @@ def test_large_temperature_approaches_uniform(values):
     torch.testing.assert_close(p, uniform, atol=1e-3 / len(values), rtol=0)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("temperature", [1e-50, 1e-300, 1e50, 1e300])
+def test_extreme_temperatures_never_give_nan(dtype, temperature):
+    # Such temperatures round to 0 or inf in float32 and below: 0/0 and -inf/inf are NaN.
+    x = torch.tensor([1.0, 0.0, -1.0, float("-inf")], dtype=dtype)
+    p = softmax(x, temperature=temperature)
+    assert not torch.isnan(p).any()
+    expected = [1.0, 0.0, 0.0, 0.0] if temperature < 1 else [1 / 3, 1 / 3, 1 / 3, 0.0]
+    tolerance = 1e-2 if dtype in LOW_PRECISION else 1e-6
+    torch.testing.assert_close(p.double(), torch.tensor(expected, dtype=torch.float64),
+                               atol=tolerance, rtol=0)
+
+
 def test_temperature_sharpens_and_flattens_monotonically():
     x = _tensor(SEED_WEIGHTS)
     top = [softmax(x, temperature=t)[0].item() for t in (0.25, 0.5, 1.0, 2.0, 4.0)]

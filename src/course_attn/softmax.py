@@ -52,7 +52,10 @@ def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
     shifted = work - work.amax(dim=dim, keepdim=True).detach()
     if torch.isnan(shifted).any():  # only +inf - +inf or -inf - -inf produce NaN here
         raise ValueError("x has a slice that is all -inf or contains +inf; softmax is undefined")
-    exp = (shifted / temperature).exp()
+    # A temperature outside the working dtype's range would round to 0 (0/0 = NaN) or inf
+    # (-inf/inf = NaN); clamping changes the result only for score gaps below ~1e-30.
+    info = torch.finfo(work.dtype)
+    exp = (shifted / min(max(temperature, info.tiny), info.max)).exp()
     return (exp / exp.sum(dim=dim, keepdim=True)).to(x.dtype)
 
 
