@@ -9,7 +9,6 @@ SANITIZE := tests/nbval_sanitize.cfg
 # Same thread count and hash seed everywhere, so printed numbers do not drift.
 export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS ?= 2
-export MPLBACKEND := Agg
 
 .PHONY: help setup book html test lint unit nbval site notebooks lab bench clean
 
