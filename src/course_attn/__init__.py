@@ -4,6 +4,14 @@ Each public name states in its docstring the chapter that derives it.
 """
 
 from .attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
+from .data import (
+    CharCorpus,
+    CharTokenizer,
+    default_corpus,
+    download_tiny_shakespeare,
+    load_text,
+    train_val_split,
+)
 from .encoder_decoder import (
     Decoder,
     Encoder,
@@ -25,12 +33,26 @@ from .layers import (
     split_heads,
 )
 from .masks import causal_mask, combine_masks, padding_mask, to_additive_mask, to_torch_mha_mask
+from .model import GPTConfig, MiniGPT
 from .self_attention import SelfAttention, simple_self_attention
 from .softmax import attention_pool, softmax
+from .tasks import CopyTask, offset_attention_score
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CharCorpus",
+    "CharTokenizer",
+    "CopyTask",
+    "GPTConfig",
+    "MiniGPT",
+    "TrainConfig",
+    "TrainResult",
+    "default_corpus",
+    "download_tiny_shakespeare",
+    "load_text",
+    "offset_attention_score",
+    "train_val_split",
     "__version__",
     "ATTENTION_IMPLS",
     "FeedForward",
@@ -63,3 +85,13 @@ __all__ = [
     "simple_self_attention",
     "softmax",
 ]
+
+
+def __getattr__(name: str):
+    # The trainer is imported lazily: importing it here eagerly would make
+    # ``python -m course_attn.train`` warn that the module was already loaded.
+    if name in ("TrainConfig", "TrainResult"):
+        from . import train
+
+        return getattr(train, name)
+    raise AttributeError(f"module 'course_attn' has no attribute {name!r}")

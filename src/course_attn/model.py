@@ -1,0 +1,341 @@
+"""Chapter 8: MiniGPT, a decoder-only Transformer small enough to read in one sitting.
+
+Token ids -> token embedding + learned position embedding -> ``n_layer``
+pre-norm causal Transformer blocks (chapter 7) -> final LayerNorm -> a linear
+head that scores every vocabulary entry. The layout follows nanoGPT's
+``model.py``; the blocks are the course's own ``TransformerBlock``, so the
+attention inside is the code of chapters 4 to 7, with its manual/fused switch
+(``GPTConfig.impl``) and its KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._validation import check_choice, check_positive_int, check_probability
+from .attention import ATTENTION_IMPLS
+from .layers import KVCache, TransformerBlock
+
+__all__ = ["GPTConfig", "MiniGPT"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes of a :class:`MiniGPT` (chapter 8).
+
+    ``vocab_size`` V token ids, contexts of at most ``block_size`` tokens,
+    ``n_layer`` blocks of ``n_head`` heads over a width ``d_model``
+    (``head_dim = d_model / n_head``). ``tie_weights`` shares the token
+    embedding with the output head (GPT-2 and nanoGPT do); ``impl`` picks the
+    attention path (``"manual"`` or PyTorch's fused ``"sdpa"``).
+    """
+
+    vocab_size: int
+    block_size: int
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    dropout: float = 0.0
+    bias: bool = True
+    tie_weights: bool = True
+    impl: str = "manual"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
+            check_positive_int(getattr(self, name), name)
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_head={self.n_head} "
+                             "(each head gets d_model / n_head dimensions)")
+        check_probability(self.dropout, "dropout")
+        for name in ("bias", "tie_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        check_choice(self.impl, "impl", ATTENTION_IMPLS)
+
+
+class MiniGPT(nn.Module):
+    """A GPT-style language model built from the course's blocks (chapter 8).
+
+    ``forward(idx (B, T), targets=None (B, T), *, attention_mask=None (B, T))``
+    returns ``(logits (B, T, V), loss or None)``; ``generate`` continues prompts.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_emb = nn.Embedding(config.block_size, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(config.d_model, config.n_head, dropout=config.dropout,
+                             norm_first=True, cross_attention=False, activation="gelu",
+                             bias=config.bias, impl=config.impl)
+            for _ in range(config.n_layer)
+        )
+        self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_weights:
+            # One matrix both reads tokens in and scores them out (GPT-2, nanoGPT).
+            self.lm_head.weight = self.tok_emb.weight
+        self.apply(self._init_weights)
+        # GPT-2: scale the projections that write into the residual stream by
+        # 1/sqrt(2 * n_layer), so the stream's variance does not grow with depth.
+        for block in self.blocks:
+            for layer in (block.self_attn.out_proj, block.ff.linear2):
+                nn.init.normal_(layer.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self, *, non_embedding: bool = False) -> int:
+        """Number of parameters (a tied matrix counts once); optionally without ``pos_emb``."""
+        total = sum(p.numel() for p in self.parameters())
+        return total - self.pos_emb.weight.numel() if non_embedding else total
+
+    def new_caches(self) -> list[KVCache]:
+        """One empty :class:`KVCache` per block, for incremental decoding (chapter 7)."""
+        return [KVCache() for _ in self.blocks]
+
+    # ----------------------------------------------------------------- checks
+    def _check_idx(self, idx: object, name: str = "idx") -> Tensor:
+        if not isinstance(idx, Tensor):
+            raise TypeError(f"{name} must be a torch.long tensor (B, T), got {type(idx).__name__}")
+        if idx.dtype != torch.long:
+            raise TypeError(f"{name} must have dtype torch.long (token ids), got {idx.dtype}")
+        if idx.dim() != 2 or idx.shape[1] == 0:
+            raise ValueError(f"{name} must have shape (B, T) with T >= 1, got {tuple(idx.shape)}")
+        if idx.numel() and (idx.min() < 0 or idx.max() >= self.config.vocab_size):
+            raise ValueError(f"{name} must hold token ids in [0, vocab_size="
+                             f"{self.config.vocab_size}), got values in [{int(idx.min())}, "
+                             f"{int(idx.max())}]")
+        return idx
+
+    @staticmethod
+    def _check_attention_mask(mask: object, shape: tuple[int, int]) -> Tensor:
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            got = f"dtype {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
+            raise TypeError(f"attention_mask must be a torch.bool tensor (B, T), True on real "
+                            f"tokens, got {got}")
+        if tuple(mask.shape) != shape:
+            raise ValueError(f"attention_mask must have shape (B, T)={shape}, "
+                             f"got {tuple(mask.shape)}")
+        if not mask.any(dim=1).all():
+            raise ValueError("attention_mask has a row without any real token (all False)")
+        return mask
+
+    # ---------------------------------------------------------------- forward
+    def forward(
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        *,
+        attention_mask: Tensor | None = None,
+        caches: list[KVCache] | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Next-token logits for every position, and the loss when ``targets`` are given.
+
+        Args:
+            idx: ``(B, T)`` long token ids in ``[0, V)``, ``T <= block_size``.
+            targets: ``(B, T)`` long, the id each position should predict;
+                ``-1`` (and, with ``attention_mask``, padding) is left out of the loss.
+            attention_mask: ``(B, T)`` bool, ``True`` on real tokens (left-padded
+                batches). Padding keys are never attended to and each row's
+                positions count from its first real token, so a padded row gives
+                the same logits as the row alone.
+            caches: one :class:`KVCache` per block (from :meth:`new_caches`) for
+                incremental decoding: ``idx`` then holds only the new tokens and
+                ``attention_mask`` covers every cached and new token ``(B, T_cache + T)``.
+
+        Returns:
+            ``(logits (B, T, V), loss)``: ``loss`` is the mean cross-entropy in
+            nats, or ``None`` without targets.
+        """
+        idx = self._check_idx(idx)
+        batch, time = idx.shape
+        past = 0
+        if caches is not None:
+            if (not isinstance(caches, list | tuple) or len(caches) != len(self.blocks)
+                    or not all(isinstance(c, KVCache) for c in caches)):
+                raise TypeError(f"caches must be a list of {len(self.blocks)} KVCache objects "
+                                "(one per block, see new_caches())")
+            past = caches[0].length
+        if past + time > self.config.block_size:
+            raise ValueError(f"the sequence has {past + time} tokens (T={time}"
+                             + (f" after {past} cached" if past else "")
+                             + f"), more than block_size={self.config.block_size}")
+        if attention_mask is not None:
+            self._check_attention_mask(attention_mask, (batch, past + time))
+            # Position of each token = number of real tokens before it in its row.
+            positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, past+T)
+            positions = positions[:, past:]  # (B, T)
+        else:
+            positions = torch.arange(past, past + time, device=idx.device)  # (T,)
+
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))  # (B, T, D)
+        for i, block in enumerate(self.blocks):
+            x = block(x, key_padding_mask=attention_mask, is_causal=True,
+                      cache=None if caches is None else caches[i])  # (B, T, D)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, D) @ (D, V) -> (B, T, V)
+
+        if targets is None:
+            return logits, None
+        if not isinstance(targets, Tensor) or targets.dtype != torch.long:
+            raise TypeError("targets must be a torch.long tensor (B, T) of token ids")
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, "
+                             f"got {tuple(targets.shape)}")
+        if targets.numel() and (targets.min() < -1 or targets.max() >= self.config.vocab_size):
+            raise ValueError(f"targets must hold ids in [0, {self.config.vocab_size}) or -1 "
+                             f"(ignored), got values in [{int(targets.min())}, "
+                             f"{int(targets.max())}]")
+        if attention_mask is not None:
+            targets = targets.masked_fill(~attention_mask[:, past:], -1)
+        # Half-precision logits are upcast: log-softmax over V entries needs the range.
+        flat = logits.reshape(-1, logits.shape[-1])  # (B, T, V) -> (B*T, V)
+        if flat.dtype in (torch.float16, torch.bfloat16):
+            flat = flat.float()
+        loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_maps(self, idx: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
+        """Attention weights of every head of every block: ``(L, B, H, T, T)`` (chapter 8).
+
+        Runs the model once (in eval mode) with the manual attention path and
+        records what each block's self-attention computed.
+        """
+        idx = self._check_idx(idx)
+        recorded: list[Tensor] = []
+
+        def ask_for_weights(module, args, kwargs):
+            return args, {**kwargs, "need_weights": True}
+
+        def keep_weights(module, args, kwargs, output):
+            out, attn_weights = output
+            recorded.append(attn_weights.detach())  # (B, H, T, T)
+            return out
+
+        handles = []
+        for block in self.blocks:
+            handles.append(block.self_attn.register_forward_pre_hook(ask_for_weights,
+                                                                     with_kwargs=True))
+            handles.append(block.self_attn.register_forward_hook(keep_weights, with_kwargs=True))
+        was_training = self.training
+        self.eval()
+        try:
+            self(idx, attention_mask=attention_mask)
+        finally:
+            for handle in handles:
+                handle.remove()
+            self.train(was_training)
+        return torch.stack(recorded)  # (L, B, H, T, T)
+
+    # --------------------------------------------------------------- generate
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_cache: bool = True,
+        attention_mask: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Continue each prompt of ``idx (B, T)`` by ``max_new_tokens`` sampled tokens.
+
+        Args:
+            idx: ``(B, T)`` long prompts; with ``attention_mask``, left-padded.
+            max_new_tokens: how many tokens to append (>= 0).
+            temperature: divides the logits; ``0`` means greedy (argmax).
+            top_k: sample only among the ``top_k`` most likely tokens.
+            use_cache: keep each block's keys and values in a :class:`KVCache`
+                and feed only the newest token at each step. Once the sequence
+                is longer than ``block_size`` the context is cropped to the last
+                ``block_size`` tokens (as nanoGPT does); the cached keys would
+                then carry stale positions, so from there on every step
+                recomputes the cropped window from scratch (no cache).
+            attention_mask: ``(B, T)`` bool, ``True`` on real tokens, ``False`` on
+                left padding; each row then gets the continuation it would get alone.
+            generator: a seeded ``torch.Generator`` makes sampling reproducible
+                (sampling happens on the generator's device).
+
+        Returns:
+            ``(B, T + max_new_tokens)`` long: the prompts followed by the new tokens.
+        """
+        idx = self._check_idx(idx)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise TypeError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+            raise TypeError(f"temperature must be a number >= 0, got {temperature!r}")
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        if top_k is not None:
+            check_positive_int(top_k, "top_k")
+            if top_k > self.config.vocab_size:
+                raise ValueError(f"top_k must be at most vocab_size={self.config.vocab_size}, "
+                                 f"got {top_k}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        if attention_mask is None:
+            mask = torch.ones_like(idx, dtype=torch.bool)
+        else:
+            mask = self._check_attention_mask(attention_mask, tuple(idx.shape))
+            if (mask[:, 1:].long() < mask[:, :-1].long()).any():
+                raise ValueError("attention_mask must describe left padding (False... then "
+                                 "True... in every row): generation appends on the right")
+
+        was_training = self.training
+        self.eval()
+        block_size = self.config.block_size
+        caches: list[KVCache] | None = None
+        try:
+            for _ in range(max_new_tokens):
+                fits = idx.shape[1] <= block_size
+                if use_cache and fits and caches is not None:
+                    # Only the newest token goes through the blocks; the rest is cached.
+                    logits, _ = self(idx[:, -1:], attention_mask=mask, caches=caches)
+                elif use_cache and fits:
+                    caches = self.new_caches()  # prefill: the whole prompt, once
+                    logits, _ = self(idx, attention_mask=mask, caches=caches)
+                else:
+                    caches = None  # cropped context: positions shift, recompute it all
+                    logits, _ = self(idx[:, -block_size:], attention_mask=mask[:, -block_size:])
+                next_id = self._pick(logits[:, -1, :], temperature, top_k, generator)  # (B, 1)
+                idx = torch.cat([idx, next_id], dim=1)  # (B, T + 1)
+                mask = torch.cat([mask, torch.ones_like(next_id, dtype=torch.bool)], dim=1)
+        finally:
+            self.train(was_training)
+        return idx
+
+    @staticmethod
+    def _pick(logits: Tensor, temperature: float, top_k: int | None,
+              generator: torch.Generator | None) -> Tensor:
+        """Choose the next token from ``logits (B, V)``: argmax, or a tempered top-k sample."""
+        if temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        logits = logits.float() / temperature  # (B, V)
+        if top_k is not None:
+            kth_best = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+            logits = logits.masked_fill(logits < kth_best, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)  # (B, V)
+        device = logits.device if generator is None else generator.device
+        next_id = torch.multinomial(probs.to(device), 1, generator=generator)  # (B, 1)
+        return next_id.to(logits.device)

@@ -1,0 +1,554 @@
+"""Chapter 8: the training loop and its command line, ``python -m course_attn.train``.
+
+nanoGPT's recipe, written for reading: AdamW (weight decay on matrices only),
+linear warmup then cosine decay of the learning rate, gradient clipping,
+periodic evaluation on held-out data, bf16 autocast on CUDA, optional
+``torch.compile``. Checkpoints are plain dicts of tensors and numbers, loaded
+with ``torch.load(weights_only=True)``; they hold every random state, so a
+resumed run repeats the uninterrupted run's losses exactly (on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from ._validation import check_positive_int, check_positive_real
+from .data import CharCorpus, CharTokenizer, default_corpus, load_text
+from .env import pick_device
+from .model import GPTConfig, MiniGPT
+from .tasks import TASKS, CopyTask, make_task
+
+__all__ = [
+    "PRESETS",
+    "BatchSource",
+    "TrainConfig",
+    "TrainResult",
+    "estimate_loss",
+    "learning_rate",
+    "load_checkpoint",
+    "main",
+    "model_from_checkpoint",
+    "save_checkpoint",
+    "train",
+]
+
+CHECKPOINT_FORMAT = "course_attn.train/1"
+
+
+class BatchSource(Protocol):
+    """Anything that hands out ``(x, y)`` batches: a :class:`CharCorpus` or a task."""
+
+    def get_batch(self, split: str, batch_size: int, block_size: int, *,
+                  generator: torch.Generator | None = None,
+                  device: torch.device | str | None = None) -> tuple[Tensor, Tensor]: ...
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train (chapter 8). Model sizes live in :class:`~course_attn.model.GPTConfig`.
+
+    The learning rate rises linearly to ``lr`` over ``warmup_iters``, then
+    follows a cosine down to ``min_lr`` (default ``lr / 10``) at
+    ``lr_decay_iters`` (default ``max_iters``). ``grad_clip=0`` disables
+    clipping. Every ``eval_interval`` iterations (and at the end) the mean loss
+    over ``eval_iters`` batches of each split is recorded. ``device=None``
+    picks cuda, then mps, then cpu. ``amp`` uses bf16 autocast on CUDA.
+    """
+
+    max_iters: int = 2000
+    batch_size: int = 12
+    lr: float = 1e-3
+    min_lr: float | None = None
+    warmup_iters: int = 100
+    lr_decay_iters: int | None = None
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    eval_interval: int = 250
+    eval_iters: int = 20
+    seed: int = 1337
+    device: str | None = None
+    amp: bool = True
+    compile: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_iters", "batch_size", "eval_interval", "eval_iters"):
+            check_positive_int(getattr(self, name), name)
+        for name in ("warmup_iters", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if self.lr_decay_iters is not None:
+            check_positive_int(self.lr_decay_iters, "lr_decay_iters")
+        check_positive_real(self.lr, "lr")
+        if self.min_lr is not None:
+            check_positive_real(self.min_lr, "min_lr")
+            if self.min_lr > self.lr:
+                raise ValueError(f"min_lr must be <= lr={self.lr}, got {self.min_lr}")
+        for name in ("weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                    math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                    0.0 <= value < 1.0):
+                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+        if self.device is not None:
+            pick_device(self.device)  # raises a clear error for a bad or missing device
+        for name in ("amp", "compile", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+
+@dataclass
+class TrainResult:
+    """What a run produced: loss history, final losses and speed (chapter 8)."""
+
+    train_losses: list[float] = field(default_factory=list)  # one per iteration
+    eval_iters: list[int] = field(default_factory=list)  # iterations at which we evaluated
+    eval_train_losses: list[float] = field(default_factory=list)
+    eval_val_losses: list[float] = field(default_factory=list)
+    ms_per_iter: float = float("nan")
+    tokens_per_s: float = float("nan")
+    n_params: int = 0
+    device: str = "cpu"
+    elapsed_s: float = 0.0
+
+    @property
+    def final_train_loss(self) -> float:
+        return self.eval_train_losses[-1] if self.eval_train_losses else float("nan")
+
+    @property
+    def final_val_loss(self) -> float:
+        return self.eval_val_losses[-1] if self.eval_val_losses else float("nan")
+
+    def to_metrics(self) -> dict[str, Any]:
+        """The JSON-ready dict ``--metrics-out`` writes."""
+        return {
+            "train_loss_history": self.train_losses,
+            "eval_iters": self.eval_iters,
+            "eval_train_loss_history": self.eval_train_losses,
+            "val_loss_history": self.eval_val_losses,
+            "final_train_loss": self.final_train_loss,
+            "final_val_loss": self.final_val_loss,
+            "ms_per_iter": self.ms_per_iter,
+            "tokens_per_s": self.tokens_per_s,
+            "n_params": self.n_params,
+            "device": self.device,
+            "torch_version": torch.__version__,
+            "elapsed_s": self.elapsed_s,
+        }
+
+
+def learning_rate(it: int, config: TrainConfig) -> float:
+    """Learning rate at iteration ``it``: linear warmup, cosine decay, then ``min_lr``."""
+    min_lr = config.lr / 10 if config.min_lr is None else config.min_lr
+    decay_iters = config.max_iters if config.lr_decay_iters is None else config.lr_decay_iters
+    if it < config.warmup_iters:
+        return config.lr * (it + 1) / (config.warmup_iters + 1)
+    if it >= decay_iters:
+        return min_lr
+    progress = (it - config.warmup_iters) / max(1, decay_iters - config.warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.lr - min_lr)
+
+
+def _make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device
+                    ) -> torch.optim.AdamW:
+    # Decay matrices (linear layers, embeddings); leave biases and LayerNorm gains alone.
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
+                             fused=device.type == "cuda")
+
+
+def _autocast(device: torch.device, config: TrainConfig):
+    enabled = config.amp and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+@torch.no_grad()
+def estimate_loss(model: nn.Module, data: BatchSource, config: TrainConfig, *,
+                  device: torch.device | str | None = None) -> dict[str, float]:
+    """Mean loss over ``config.eval_iters`` batches of each split, in eval mode.
+
+    The batches come from a generator seeded with ``config.seed + 1`` afresh at
+    every call, so every evaluation sees the same batches and never disturbs
+    the training run's random state.
+    """
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    block_size = model.config.block_size
+    was_training = model.training
+    model.eval()
+    out = {}
+    for split in ("train", "val"):
+        generator = torch.Generator().manual_seed(config.seed + 1)
+        losses = []
+        for _ in range(config.eval_iters):
+            x, y = data.get_batch(split, config.batch_size, block_size, generator=generator,
+                                  device=device)
+            with _autocast(device, config):
+                _, loss = model(x, y)
+            losses.append(loss.item())
+        out[split] = sum(losses) / len(losses)
+    model.train(was_training)
+    return out
+
+
+def save_checkpoint(path: str | os.PathLike[str], checkpoint: dict[str, Any]) -> Path:
+    """Write a checkpoint dict (tensors, numbers, strings, lists, dicts only)."""
+    target = Path(path)
+    if target.parent and not target.parent.exists():
+        raise FileNotFoundError(f"the folder of the checkpoint path {str(target)!r} does not exist")
+    tmp = target.with_name(target.name + ".tmp")
+    torch.save(checkpoint, tmp)
+    tmp.replace(target)  # never leave a half-written checkpoint behind
+    return target
+
+
+def load_checkpoint(path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu"
+                    ) -> dict[str, Any]:
+    """Read a checkpoint with ``torch.load(weights_only=True)`` (no arbitrary pickles)."""
+    source = Path(path)
+    if not source.is_file():
+        raise FileNotFoundError(f"checkpoint {str(source)!r} is not an existing file")
+    checkpoint = torch.load(source, map_location=map_location, weights_only=True)
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{str(source)!r} is not a course_attn training checkpoint")
+    return checkpoint
+
+
+def model_from_checkpoint(checkpoint: dict[str, Any] | str | os.PathLike[str]
+                          ) -> tuple[MiniGPT, CharTokenizer | None]:
+    """Rebuild the trained :class:`MiniGPT` (and its tokenizer, for text runs)."""
+    if not isinstance(checkpoint, dict):
+        checkpoint = load_checkpoint(checkpoint)
+    model = MiniGPT(GPTConfig(**checkpoint["model_config"]))
+    model.load_state_dict(checkpoint["model"])
+    chars = checkpoint.get("meta", {}).get("tokenizer_chars")
+    return model, (CharTokenizer(chars) if chars else None)
+
+
+def train(
+    model: MiniGPT,
+    data: BatchSource,
+    config: TrainConfig,
+    *,
+    checkpoint_path: str | os.PathLike[str] | None = None,
+    resume_from: dict[str, Any] | str | os.PathLike[str] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> TrainResult:
+    """Train ``model`` on batches from ``data`` for ``config.max_iters`` iterations.
+
+    ``checkpoint_path`` saves a checkpoint after every evaluation and at the
+    end. ``resume_from`` (a checkpoint or its path) restores the weights,
+    the optimizer, the iteration count, the loss history and every random
+    state, then continues to ``config.max_iters``; on CPU the losses are then
+    exactly those of the uninterrupted run (keep ``lr_decay_iters`` fixed
+    when you lengthen a run, or the schedule changes). ``meta`` (plain data,
+    e.g. the tokenizer's characters) is stored in the checkpoint.
+    """
+    from tqdm.auto import tqdm  # a widget in Jupyter, a text bar in a terminal
+
+    if not isinstance(model, MiniGPT):
+        raise TypeError(f"model must be a MiniGPT, got {type(model).__name__}")
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if not hasattr(data, "get_batch"):
+        raise TypeError(f"data must provide get_batch(split, batch_size, block_size, ...) "
+                        f"(a CharCorpus or a task), got {type(data).__name__}")
+    device = pick_device(config.device)
+    model.to(device)
+    optimizer = _make_optimizer(model, config, device)
+    generator = torch.Generator().manual_seed(config.seed)  # data order (CPU, saveable)
+    torch.manual_seed(config.seed)  # dropout
+    result = TrainResult(n_params=model.num_parameters(), device=str(device))
+    start = 0
+    if resume_from is not None:
+        checkpoint = (resume_from if isinstance(resume_from, dict)
+                      else load_checkpoint(resume_from))
+        if checkpoint["model_config"] != dataclasses.asdict(model.config):
+            raise ValueError("resume_from was saved for a different model configuration: "
+                             f"{checkpoint['model_config']} != {dataclasses.asdict(model.config)}")
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start = int(checkpoint["iter"])
+        generator.set_state(checkpoint["rng"]["data"])
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        if device.type == "cuda" and checkpoint["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
+        for name, values in checkpoint["history"].items():
+            setattr(result, name, list(values))
+
+    def make_checkpoint(it: int) -> dict[str, Any]:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "model_config": dataclasses.asdict(model.config),
+            "train_config": dataclasses.asdict(config),
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "iter": it,
+            "rng": {"data": generator.get_state(), "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None},
+            "history": {name: list(getattr(result, name)) for name in
+                        ("train_losses", "eval_iters", "eval_train_losses", "eval_val_losses")},
+            "meta": dict(meta or {}),
+        }
+
+    step_model = torch.compile(model) if config.compile else model
+    block_size = model.config.block_size
+    model.train()
+    train_seconds, timed_iters = 0.0, 0
+    t_start = time.perf_counter()
+    bar = tqdm(range(start, config.max_iters), initial=start, total=config.max_iters,
+               disable=not config.progress, desc="train", leave=True)
+    for it in bar:
+        t0 = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(it, config)
+        x, y = data.get_batch("train", config.batch_size, block_size, generator=generator,
+                              device=device)  # (B, T), (B, T)
+        with _autocast(device, config):
+            _, loss = step_model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        loss_value = loss.item()  # waits for the device, so the timing below is honest
+        train_seconds += time.perf_counter() - t0
+        timed_iters += 1
+        result.train_losses.append(loss_value)
+        bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
+        done = it + 1
+        if done % config.eval_interval == 0 or done == config.max_iters:
+            losses = estimate_loss(model, data, config, device=device)
+            result.eval_iters.append(done)
+            result.eval_train_losses.append(losses["train"])
+            result.eval_val_losses.append(losses["val"])
+            bar.set_postfix(loss=f"{loss_value:.4f}", val=f"{losses['val']:.4f}")
+            if checkpoint_path is not None:
+                save_checkpoint(checkpoint_path, make_checkpoint(done))
+    bar.close()
+    result.elapsed_s = time.perf_counter() - t_start
+    if timed_iters:
+        result.ms_per_iter = 1000.0 * train_seconds / timed_iters
+        result.tokens_per_s = config.batch_size * block_size * timed_iters / train_seconds
+    return result
+
+
+# ------------------------------------------------------------------------ CLI
+#: Model and training sizes of the two presets. ``gpu`` is nanoGPT's "baby GPT"
+#: on Tiny Shakespeare (val loss 1.47 in about 3 minutes on one A100); ``cpu`` is
+#: its laptop recipe (4 layers, 4 heads, width 128, context 64, batch 12).
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu": dict(n_layer=4, n_head=4, d_model=128, block_size=64, batch_size=12, dropout=0.0,
+                lr=1e-3, max_iters=2000, eval_interval=250, eval_iters=20, warmup_iters=100),
+    "gpu": dict(n_layer=6, n_head=6, d_model=384, block_size=256, batch_size=64, dropout=0.2,
+                lr=1e-3, max_iters=5000, eval_interval=250, eval_iters=200, warmup_iters=100),
+}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m course_attn.train``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m course_attn.train",
+        description="Train the course's MiniGPT (chapter 8) on a text file, on the offline "
+                    "default corpus (Python standard-library sources) or on a synthetic task.",
+        epilog="examples:\n"
+               "  python -m course_attn.train --preset cpu --max-iters 500\n"
+               "  python -m course_attn.train --task copy --max-iters 1500 --metrics-out m.json\n"
+               "  python -m course_attn.train --data input.txt --preset gpu --out ckpt.pt\n"
+               "  python -m course_attn.train --data input.txt --resume ckpt.pt --max-iters 6000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--data", metavar="PATH",
+                        help="UTF-8 text file to train a character-level model on "
+                             "(default: the offline standard-library corpus)")
+    source.add_argument("--task", choices=sorted(TASKS),
+                        help="a synthetic task with a known best loss instead of text")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
+                        help="model and training sizes (default: cpu; gpu = nanoGPT baby GPT)")
+    group = parser.add_argument_group("overrides of the preset")
+    group.add_argument("--n-layer", type=_positive_int)
+    group.add_argument("--n-head", type=_positive_int)
+    group.add_argument("--d-model", type=_positive_int)
+    group.add_argument("--block-size", type=_positive_int,
+                       help="context length (with --task: set by the task)")
+    group.add_argument("--batch-size", type=_positive_int)
+    group.add_argument("--max-iters", type=_positive_int)
+    group.add_argument("--lr", type=_positive_float, help="peak learning rate")
+    group.add_argument("--dropout", type=_probability)
+    group.add_argument("--eval-interval", type=_positive_int)
+    group.add_argument("--eval-iters", type=_positive_int)
+    group.add_argument("--warmup-iters", type=_non_negative_int)
+    group.add_argument("--device", help="cpu, cuda, cuda:1 or mps (default: best available)")
+    group.add_argument("--seed", type=_non_negative_int, default=1337)
+    group.add_argument("--impl", choices=["manual", "sdpa"], default="sdpa",
+                       help="attention path: readable manual or PyTorch's fused (default)")
+    group.add_argument("--compile", action="store_true", help="torch.compile the model")
+    group.add_argument("--no-amp", action="store_true", help="no bf16 autocast on CUDA")
+    parser.add_argument("--out", metavar="CKPT", help="save checkpoints here (plain tensors)")
+    parser.add_argument("--resume", metavar="CKPT", help="continue from this checkpoint")
+    parser.add_argument("--metrics-out", metavar="JSON",
+                        help="write loss history, final losses, speed, parameter count, "
+                             "device and torch version as JSON")
+    parser.add_argument("--samples", type=_non_negative_int, default=200, metavar="N",
+                        help="characters to generate after training a text model (default 200)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def _check_writable(parser: argparse.ArgumentParser, path: str | None, flag: str) -> None:
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        parser.error(f"{flag} {path!r}: the folder {str(Path(path).resolve().parent)!r} "
+                     "does not exist")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m course_attn.train``; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    preset = dict(PRESETS[args.preset])
+    for key in ("n_layer", "n_head", "d_model", "block_size", "batch_size", "max_iters", "lr",
+                "dropout", "eval_interval", "eval_iters", "warmup_iters"):
+        if getattr(args, key) is not None:
+            preset[key] = getattr(args, key)
+    _check_writable(parser, args.out, "--out")
+    _check_writable(parser, args.metrics_out, "--metrics-out")
+    resume = None
+    if args.resume is not None:
+        try:
+            resume = load_checkpoint(args.resume)
+        except (FileNotFoundError, ValueError, RuntimeError) as error:
+            parser.error(f"--resume {args.resume!r}: {error}")
+
+    meta: dict[str, Any] = {}
+    if args.task is not None:
+        data: BatchSource = make_task(args.task)
+        assert isinstance(data, CopyTask)
+        if args.block_size is not None and args.block_size != data.block_size:
+            parser.error(f"--block-size {args.block_size}: the {args.task} task fixes it "
+                         f"to {data.block_size}")
+        preset["block_size"] = data.block_size
+        vocab_size = data.vocab_size
+        meta = {"task": args.task, "loss_floor": data.loss_floor()}
+    else:
+        try:
+            text = load_text(args.data) if args.data is not None else default_corpus()
+            corpus = CharCorpus.from_text(text)
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(f"--data {args.data!r}: {error}")
+        if len(corpus.val_data) <= preset["block_size"]:
+            parser.error(f"--data {args.data!r}: the text is too short for --block-size "
+                         f"{preset['block_size']} (its validation tenth has "
+                         f"{len(corpus.val_data)} characters)")
+        data, vocab_size = corpus, corpus.vocab_size
+        meta = {"tokenizer_chars": corpus.tokenizer.chars}
+
+    try:
+        model_config = GPTConfig(vocab_size=vocab_size, block_size=preset["block_size"],
+                                 n_layer=preset["n_layer"], n_head=preset["n_head"],
+                                 d_model=preset["d_model"], dropout=preset["dropout"],
+                                 impl=args.impl)
+        config = TrainConfig(max_iters=preset["max_iters"], batch_size=preset["batch_size"],
+                             lr=preset["lr"], warmup_iters=preset["warmup_iters"],
+                             eval_interval=preset["eval_interval"],
+                             eval_iters=preset["eval_iters"], seed=args.seed,
+                             device=args.device, amp=not args.no_amp, compile=args.compile,
+                             progress=not args.quiet)
+    except (TypeError, ValueError) as error:
+        parser.error(str(error))
+
+    model = MiniGPT(model_config)
+    print(f"MiniGPT: {model.num_parameters():,} parameters, "
+          f"{model_config.n_layer} layers x {model_config.n_head} heads, width "
+          f"{model_config.d_model}, context {model_config.block_size}, vocabulary {vocab_size}; "
+          f"device {pick_device(config.device)}")
+    try:
+        result = train(model, data, config, checkpoint_path=args.out, resume_from=resume,
+                       meta=meta)
+    except ValueError as error:  # e.g. a checkpoint of another model
+        parser.error(str(error))
+    print(f"final loss: train {result.final_train_loss:.4f}, val {result.final_val_loss:.4f} "
+          f"({result.ms_per_iter:.1f} ms/iter, {result.tokens_per_s:,.0f} tokens/s)")
+    if "loss_floor" in meta:
+        print(f"best achievable loss of the task: {meta['loss_floor']:.4f}")
+    if "tokenizer_chars" in meta and args.samples:
+        tokenizer = corpus.tokenizer
+        prompt = corpus.train_data[:1].unsqueeze(0).to(next(model.parameters()).device)  # (1, 1)
+        generator = torch.Generator(device=prompt.device).manual_seed(args.seed)
+        sample = model.generate(prompt, args.samples, top_k=10, generator=generator)
+        print("sample:\n" + tokenizer.decode(sample[0, 1:].cpu()))
+    if args.metrics_out is not None:
+        metrics = {"preset": args.preset, "model_config": dataclasses.asdict(model_config),
+                   "train_config": dataclasses.asdict(config), **result.to_metrics()}
+        if "loss_floor" in meta:
+            metrics["loss_floor"] = meta["loss_floor"]
+        Path(args.metrics_out).write_text(json.dumps(metrics, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

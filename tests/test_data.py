@@ -1,0 +1,218 @@
+"""Chapter 8 data: tokenizer, corpus, batches, the on-request download and the synthetic task."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_attn.data import (
+    DEFAULT_CORPUS_MODULES,
+    CharCorpus,
+    CharTokenizer,
+    default_corpus,
+    download_tiny_shakespeare,
+    get_batch,
+    load_text,
+    train_val_split,
+)
+from course_attn.tasks import CopyTask, make_task, offset_attention_score
+
+TEXT = "To be, or not to be: that is the question.\nWhether 'tis nobler...\n"
+
+
+# ----------------------------------------------------------------- tokenizer
+def test_tokenizer_round_trip_and_sorted_vocabulary():
+    tok = CharTokenizer.from_text(TEXT)
+    assert tok.chars == "".join(sorted(set(TEXT)))
+    ids = tok.encode(TEXT)
+    assert len(ids) == len(TEXT) and all(0 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == TEXT
+    assert tok.decode(torch.tensor(ids)) == TEXT
+
+
+def test_tokenizer_rejects_unknown_characters_with_position():
+    tok = CharTokenizer.from_text("abc")
+    with pytest.raises(ValueError, match=r"'z' at position 2"):
+        tok.encode("abz")
+
+
+@pytest.mark.parametrize("bad", [[0, 3], [-1], [1.0], torch.tensor([[0]])])
+def test_tokenizer_decode_rejects_bad_ids(bad):
+    tok = CharTokenizer.from_text("abc")
+    with pytest.raises(ValueError, match="ids"):
+        tok.decode(bad)
+
+
+def test_tokenizer_bad_vocabularies():
+    with pytest.raises(ValueError, match="empty"):
+        CharTokenizer.from_text("")
+    with pytest.raises(ValueError, match="repeat"):
+        CharTokenizer("aab")
+    with pytest.raises(TypeError, match="str"):
+        CharTokenizer.from_text(b"abc")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------- text, split
+def test_load_text_and_its_errors(tmp_path):
+    good = tmp_path / "t.txt"
+    good.write_text(TEXT, encoding="utf-8")
+    assert load_text(good) == TEXT
+    with pytest.raises(FileNotFoundError, match="not an existing file"):
+        load_text(tmp_path / "missing.txt")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        load_text(empty)
+    binary = tmp_path / "b.bin"
+    binary.write_bytes(b"\xff\xfe\x00\x81")
+    with pytest.raises(ValueError, match="UTF-8"):
+        load_text(binary)
+
+
+def test_default_corpus_is_the_listed_stdlib_files_in_order():
+    text = default_corpus()
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    positions = [text.index(f"# ==== {name} ====\n") for name in DEFAULT_CORPUS_MODULES]
+    assert positions == sorted(positions) and positions[0] == 0
+    first = (stdlib / DEFAULT_CORPUS_MODULES[0]).read_text(encoding="utf-8")
+    assert text[positions[0]:].split("\n", 1)[1].startswith(first[:500])
+    assert text == default_corpus()  # the same text every time
+    with pytest.raises(FileNotFoundError, match="no_such_module.py"):
+        default_corpus(("no_such_module.py",))
+
+
+def test_train_val_split_is_90_10_by_position():
+    data = torch.arange(100)
+    train, val = train_val_split(data)
+    assert torch.equal(train, torch.arange(90)) and torch.equal(val, torch.arange(90, 100))
+    with pytest.raises(ValueError, match="train_fraction"):
+        train_val_split(data, 1.0)
+    with pytest.raises(ValueError, match="1-D"):
+        train_val_split(data.view(10, 10))
+
+
+def test_get_batch_targets_are_inputs_shifted_and_seeded():
+    data = torch.arange(50)
+    x, y = get_batch(data, 4, 8, generator=torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (4, 8)
+    assert torch.equal(y, x + 1)  # data[i] = i, so the next token is i + 1
+    x2, _ = get_batch(data, 4, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(x, x2)
+    with pytest.raises(ValueError, match="block_size"):
+        get_batch(data, 4, 50)
+    with pytest.raises(ValueError, match="batch_size"):
+        get_batch(data, 0, 8)
+
+
+def test_char_corpus_splits_and_batches():
+    corpus = CharCorpus.from_text(TEXT * 5)
+    assert len(corpus.train_data) == int(0.9 * len(TEXT * 5))
+    x, y = corpus.get_batch("val", 3, 4)
+    assert x.shape == (3, 4) and torch.equal(x[:, 1:], y[:, :-1])
+    with pytest.raises(ValueError, match="split"):
+        corpus.get_batch("test", 3, 4)
+
+
+# ------------------------------------------------------------------ download
+def _local_source(tmp_path: Path, content: bytes) -> tuple[str, str]:
+    source = tmp_path / "source.txt"
+    source.write_bytes(content)
+    return source.as_uri(), hashlib.sha256(content).hexdigest()
+
+
+def test_download_from_a_local_file_url_and_cache_reuse(tmp_path):
+    url, digest = _local_source(tmp_path, TEXT.encode())
+    path = download_tiny_shakespeare(tmp_path / "cache", url=url, sha256=digest)
+    assert path.read_text() == TEXT
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a cached file with the right checksum must not be downloaded")
+
+    again = download_tiny_shakespeare(tmp_path / "cache", url=url, sha256=digest, opener=no_network)
+    assert again == path
+
+
+def test_download_checksum_mismatch_is_refused_and_deleted(tmp_path):
+    url, _ = _local_source(tmp_path, TEXT.encode())
+    with pytest.raises(ValueError, match="SHA-256"):
+        download_tiny_shakespeare(tmp_path / "cache", url=url, sha256="0" * 64)
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_download_offline_gives_a_clear_error(tmp_path):
+    import urllib.error
+
+    def offline(url, timeout):
+        raise urllib.error.URLError("no route to host")
+
+    with pytest.raises(ConnectionError, match="offline"):
+        download_tiny_shakespeare(tmp_path, opener=offline)
+
+
+def test_download_with_a_stand_in_opener(tmp_path):
+    payload = b"First Citizen:\nBefore we proceed any further, hear me speak.\n"
+
+    def opener(url, timeout):
+        assert url == "https://example.invalid/x.txt"
+        return io.BytesIO(payload)
+
+    path = download_tiny_shakespeare(tmp_path, url="https://example.invalid/x.txt",
+                                     sha256=hashlib.sha256(payload).hexdigest(), opener=opener)
+    assert path.read_bytes() == payload
+
+
+# -------------------------------------------------------------- copy task
+def test_copy_task_sequences_repeat_their_first_half():
+    task = CopyTask(vocab_size=5, half_length=6)
+    x, y = task.get_batch("train", 7, generator=torch.Generator().manual_seed(1))
+    assert x.shape == y.shape == (7, task.block_size) == (7, 11)
+    seq = torch.cat([x, y[:, -1:]], dim=1)  # (B, 2n)
+    assert torch.equal(seq[:, :6], seq[:, 6:])
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    assert int(seq.max()) < 5
+
+
+def test_copy_task_floor_is_ln_v_on_the_noise_only():
+    task = CopyTask(vocab_size=16, half_length=8)
+    assert task.loss_floor() == pytest.approx(7 * math.log(16) / 15)
+    assert task.position_floor().mean().item() == pytest.approx(task.loss_floor())
+    # The floor is reached by the model that knows the rule: uniform on the first
+    # half, certain on the copy. Its cross-entropy on real batches equals the floor.
+    x, y = task.get_batch("val", 64, generator=torch.Generator().manual_seed(0))
+    logits = torch.zeros(64, task.block_size, 16)
+    n = task.half_length
+    logits[:, n - 1:, :] = -1e9
+    logits[:, n - 1:].scatter_(2, y[:, n - 1:, None], 0.0)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 16), y.reshape(-1))
+    assert loss.item() == pytest.approx(task.loss_floor(), abs=1e-6)
+
+
+def test_copy_task_bad_inputs():
+    with pytest.raises(ValueError, match="vocab_size"):
+        CopyTask(vocab_size=1)
+    with pytest.raises(TypeError, match="half_length"):
+        CopyTask(half_length=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="block_size"):
+        CopyTask(4, 4).get_batch("train", 2, 9)
+    with pytest.raises(ValueError, match="name"):
+        make_task("reverse")
+
+
+def test_offset_attention_score_picks_the_diagonal():
+    eye_prev = torch.zeros(6, 6)
+    eye_prev[0, 0] = 1.0
+    eye_prev[torch.arange(1, 6), torch.arange(0, 5)] = 1.0  # every query looks one back
+    assert offset_attention_score(eye_prev, 1).item() == pytest.approx(1.0)
+    assert offset_attention_score(eye_prev, 2).item() == pytest.approx(0.0)
+    batch = torch.stack([eye_prev, torch.eye(6)])  # (2, T, T)
+    assert torch.allclose(offset_attention_score(batch, 0), torch.tensor([1 / 6, 1.0]))
+    with pytest.raises(ValueError, match="offset"):
+        offset_attention_score(eye_prev, 6)
+    with pytest.raises(ValueError, match="first_query"):
+        offset_attention_score(eye_prev, 2, first_query=1)

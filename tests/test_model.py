@@ -1,0 +1,204 @@
+"""Chapter 8: MiniGPT (forward, causality, padding, KV-cache decoding, sampling, bad inputs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course_attn.layers import TransformerBlock
+from course_attn.model import GPTConfig, MiniGPT
+
+V = 13
+
+
+def tiny(impl: str = "manual", **overrides) -> MiniGPT:
+    torch.manual_seed(0)
+    config = dict(vocab_size=V, block_size=12, n_layer=2, n_head=2, d_model=16, impl=impl)
+    config.update(overrides)
+    return MiniGPT(GPTConfig(**config)).double().eval()
+
+
+# Left-padded prompts: row lengths 5, 3, 1 (pads hold arbitrary ids on purpose).
+IDX = torch.tensor([[3, 1, 4, 1, 5], [9, 9, 2, 6, 5], [7, 7, 7, 7, 3]])
+MASK = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]], dtype=torch.bool)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="divisible"):
+        GPTConfig(vocab_size=10, block_size=8, n_head=3, d_model=16)
+    with pytest.raises(ValueError, match="dropout"):
+        GPTConfig(vocab_size=10, block_size=8, dropout=1.0)
+    with pytest.raises(ValueError, match="block_size"):
+        GPTConfig(vocab_size=10, block_size=0)
+    with pytest.raises(ValueError, match="impl"):
+        GPTConfig(vocab_size=10, block_size=8, impl="flash")
+    with pytest.raises(TypeError, match="n_layer"):
+        GPTConfig(vocab_size=10, block_size=8, n_layer=2.0)  # type: ignore[arg-type]
+    with pytest.raises(Exception, match="frozen|cannot assign"):
+        GPTConfig(vocab_size=10, block_size=8).n_layer = 3  # type: ignore[misc]
+
+
+def test_built_from_the_course_blocks_with_tied_weights():
+    model = tiny()
+    assert len(model.blocks) == 2 and all(isinstance(b, TransformerBlock) for b in model.blocks)
+    assert all(b.norm_first and b.cross_attn is None for b in model.blocks)
+    assert model.lm_head.weight is model.tok_emb.weight
+    untied = tiny(tie_weights=False)
+    assert untied.num_parameters() == model.num_parameters() + V * 16
+
+
+def test_forward_shapes_and_loss_at_init_is_near_ln_v():
+    model = tiny()
+    idx = torch.randint(V, (4, 13), generator=torch.Generator().manual_seed(1))
+    idx, targets = idx[:, :-1], idx[:, 1:]
+    logits, loss = model(idx, targets)
+    assert logits.shape == (4, 12, V)
+    assert model(idx)[1] is None
+    # Small initial weights give nearly uniform predictions: loss close to ln V.
+    assert abs(loss.item() - torch.log(torch.tensor(float(V))).item()) < 0.1
+
+
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+def test_future_tokens_never_change_earlier_logits(impl):
+    model = tiny(impl)
+    idx = torch.randint(V, (2, 10), generator=torch.Generator().manual_seed(2))
+    changed = idx.clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % V
+    before, _ = model(idx)
+    after, _ = model(changed)
+    torch.testing.assert_close(before[:, :6], after[:, :6])
+    assert not torch.allclose(before[:, 6:], after[:, 6:])
+
+
+def test_manual_and_sdpa_paths_agree():
+    a, b = tiny("manual"), tiny("sdpa")
+    b.load_state_dict(a.state_dict())
+    torch.testing.assert_close(a(IDX, attention_mask=MASK)[0], b(IDX, attention_mask=MASK)[0])
+
+
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+def test_left_padded_rows_equal_the_rows_alone(impl):
+    model = tiny(impl)
+    logits, _ = model(IDX, attention_mask=MASK)
+    for row in range(3):
+        alone, _ = model(IDX[row:row + 1, MASK[row]])
+        torch.testing.assert_close(logits[row:row + 1, MASK[row]], alone)
+    assert torch.isfinite(logits).all()
+
+
+def test_loss_ignores_padding_and_minus_one():
+    model = tiny()
+    targets = torch.randint(V, IDX.shape, generator=torch.Generator().manual_seed(3))
+    _, loss = model(IDX, targets, attention_mask=MASK)
+    kept = targets.masked_fill(~MASK, -1)
+    _, same = model(IDX, kept)  # without the mask the padded rows differ, so compare by hand
+    logits, _ = model(IDX, attention_mask=MASK)
+    manual = torch.nn.functional.cross_entropy(logits[MASK], targets[MASK])
+    torch.testing.assert_close(loss, manual)
+    assert same.item() != loss.item()
+
+
+def test_overfits_one_batch():
+    torch.manual_seed(0)
+    model = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layer=1, n_head=2, d_model=32))
+    idx = torch.randint(V, (4, 9), generator=torch.Generator().manual_seed(4))
+    x, y = idx[:, :-1], idx[:, 1:]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    first = None
+    for _ in range(150):
+        _, loss = model(x, y)
+        first = loss.item() if first is None else first
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert first > 2.0 and loss.item() < 0.05
+
+
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+def test_kv_cache_logits_equal_full_forward_at_every_step(impl):
+    model = tiny(impl)
+    extra = torch.randint(V, (3, 6), generator=torch.Generator().manual_seed(5))
+    seq = torch.cat([IDX, extra], dim=1)  # (3, 11), left-padded
+    mask = torch.cat([MASK, torch.ones_like(extra, dtype=torch.bool)], dim=1)
+    full, _ = model(seq, attention_mask=mask)
+    caches = model.new_caches()
+    step, _ = model(seq[:, :5], attention_mask=mask[:, :5], caches=caches)  # prefill
+    torch.testing.assert_close(step[mask[:, :5]], full[:, :5][mask[:, :5]])
+    for t in range(5, seq.shape[1]):
+        step, _ = model(seq[:, t:t + 1], attention_mask=mask[:, :t + 1], caches=caches)
+        torch.testing.assert_close(step[:, 0], full[:, t])
+    assert all(cache.length == seq.shape[1] for cache in caches)
+
+
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+def test_greedy_identical_with_and_without_cache_past_block_size(impl):
+    model = tiny(impl)
+    with_cache = model.generate(IDX, 14, temperature=0, attention_mask=MASK)  # 5 + 14 > 12
+    without = model.generate(IDX, 14, temperature=0, attention_mask=MASK, use_cache=False)
+    assert with_cache.shape == (3, 19)
+    assert torch.equal(with_cache, without)
+    assert torch.equal(with_cache[:, :5], IDX)
+
+
+def test_left_padded_batch_generates_what_each_prompt_gets_alone():
+    model = tiny()
+    batch = model.generate(IDX, 6, temperature=0, attention_mask=MASK)
+    for row in range(3):
+        alone = model.generate(IDX[row:row + 1, MASK[row]], 6, temperature=0)
+        assert torch.equal(batch[row, -6:], alone[0, -6:])
+
+
+def test_seeded_sampling_is_reproducible_and_top_k_restricts():
+    model = tiny()
+    prompt = IDX[:1]
+    a = model.generate(prompt, 20, top_k=3, generator=torch.Generator().manual_seed(7))
+    b = model.generate(prompt, 20, top_k=3, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b)
+    nocache = model.generate(prompt, 20, top_k=3, use_cache=False,
+                             generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, nocache)
+    # top_k=1 is greedy whatever the temperature.
+    assert torch.equal(model.generate(prompt, 8, top_k=1, temperature=5.0),
+                       model.generate(prompt, 8, temperature=0))
+    assert model.generate(prompt, 0).shape == prompt.shape
+
+
+def test_generate_keeps_training_mode():
+    model = tiny().train()
+    model.generate(IDX[:1], 2, temperature=0)
+    assert model.training
+
+
+def test_attention_maps_rows_sum_to_one_on_real_keys():
+    model = tiny()
+    maps = model.attention_maps(IDX, attention_mask=MASK)
+    assert maps.shape == (2, 3, 2, 5, 5)
+    sums = maps.sum(-1).transpose(1, 2)  # (L, H, B, T)
+    torch.testing.assert_close(sums[:, :, MASK], torch.ones_like(sums[:, :, MASK]))
+    assert (sums[:, :, ~MASK] == 0).all()  # padding queries attend to nothing
+    assert (maps.triu(1) == 0).all()  # causal
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda m: m(IDX.float()), TypeError, "torch.long"),
+        (lambda m: m(IDX[0]), ValueError, r"\(B, T\)"),
+        (lambda m: m(IDX + V), ValueError, "vocab_size"),
+        (lambda m: m(torch.zeros(1, 13, dtype=torch.long)), ValueError, "block_size"),
+        (lambda m: m(IDX, attention_mask=MASK.long()), TypeError, "attention_mask"),
+        (lambda m: m(IDX, attention_mask=MASK[:, :4]), ValueError, "attention_mask"),
+        (lambda m: m(IDX, attention_mask=torch.zeros_like(MASK)), ValueError, "real token"),
+        (lambda m: m(IDX, IDX[:, :3]), ValueError, "targets"),
+        (lambda m: m(IDX, IDX - 3), ValueError, "targets"),
+        (lambda m: m.generate(IDX, -1), ValueError, "max_new_tokens"),
+        (lambda m: m.generate(IDX, 2, temperature=-1.0), ValueError, "temperature"),
+        (lambda m: m.generate(IDX, 2, top_k=V + 1), ValueError, "top_k"),
+        (lambda m: m.generate(IDX, 2, attention_mask=MASK.flip(1)), ValueError, "left padding"),
+        (lambda m: m.generate(IDX, 2, generator=0), TypeError, "generator"),
+        (lambda m: m(IDX, caches=[1, 2]), TypeError, "caches"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call(tiny())
