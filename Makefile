@@ -10,7 +10,7 @@ SANITIZE := tests/nbval_sanitize.cfg
 export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: help setup book html test lint unit nbval site notebooks lab bench clean
+.PHONY: help setup assets book html test lint unit nbval site notebooks lab bench clean
 
 help:
 	@echo "make book       build the site into _build/html (creates .venv on first run)"
@@ -42,7 +42,7 @@ book: html
 	@echo "The course site: $(CURDIR)/_build/html/index.html"
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks notebooks
+	$(BIN)/ruff check src tests benchmarks notebooks tools
 
 unit: $(STAMP)
 	$(BIN)/pytest tests -m "not site"
