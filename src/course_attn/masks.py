@@ -32,7 +32,9 @@ def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str 
     With ``t_k=None`` the mask is square and lower-triangular. When ``t_q < t_k``
     the queries are the *last* ``t_q`` positions of the sequence (bottom-right
     alignment): exactly what decoding with a KV cache needs, where new queries
-    follow ``t_k - t_q`` cached keys. Note that PyTorch's ``is_causal=True``
+    follow ``t_k - t_q`` cached keys. When ``t_q > t_k`` the first ``t_q - t_k``
+    rows allow no key at all (attention then gives them zero output, Chapter 5),
+    as PyTorch's ``causal_lower_right`` does. Note that PyTorch's ``is_causal=True``
     aligns top-left instead when the lengths differ (Chapter 5 shows the pitfall).
     """
     t_q = check_positive_int(t_q, "t_q")
