@@ -294,13 +294,16 @@ class EncoderDecoder(nn.Module):
 
 def block_gradient_norms(n_layers: int, *, norm_first: bool, d_model: int = 64, n_heads: int = 4,
                          batch_size: int = 8, seq_len: int = 16, seed: int = 0) -> Tensor:
-    """Gradient norm of each block's parameters in a fresh stack, at initialisation (Chapter 7).
+    """Gradient norm of each block's weights in a fresh stack, at initialisation (Chapter 7).
 
     Builds ``n_layers`` encoder :class:`TransformerBlock` s (PyTorch's default
     initialisation; a final LayerNorm after a pre-norm stack), feeds random
     inputs ``(batch_size, seq_len, d_model)``, takes the mean squared error to a
     random target, back-propagates once and returns ``(n_layers,)``: the L2 norm of
-    all parameter gradients of block ``l`` (block 0 is the one next to the input).
+    the gradients of block ``l``'s attention and feed-forward parameters (block 0
+    is the one next to the input). LayerNorm gains and biases are left out: in a
+    post-norm stack the last block's norm is the output norm, whose gradient
+    comes straight from the loss and would make that one block look special.
     The same ``seed`` gives the same weights and data for both norm placements.
     """
     n_layers = check_positive_int(n_layers, "n_layers")
@@ -323,20 +326,24 @@ def block_gradient_norms(n_layers: int, *, norm_first: bool, d_model: int = 64, 
         x = block(x)  # (B, T, D)
     loss = (final_norm(x) - target).pow(2).mean()
     loss.backward()
-    norms = [torch.sqrt(sum(p.grad.pow(2).sum() for p in block.parameters())) for block in blocks]
+    norms = [torch.sqrt(sum(p.grad.pow(2).sum() for name, p in block.named_parameters()
+                            if not name.startswith("norm")))
+             for block in blocks]
     return torch.stack(norms).detach()  # (n_layers,)
 
 
 def decode_step_seconds(model: EncoderDecoder, prefix_len: int, *, use_cache: bool,
                         batch_size: int = 1, src_len: int = 16, repeats: int = 5,
                         seed: int = 0) -> float:
-    """Median wall-clock seconds to get the next token's logits after ``prefix_len`` tokens.
+    """Wall-clock seconds to get the next token's logits after ``prefix_len`` tokens.
 
     With ``use_cache`` the prefix is run once (not timed) to fill the caches,
     and each timed step feeds one token ``(B, 1)`` against ``prefix_len`` cached
     keys. Without it each timed step re-runs the decoder on all
     ``prefix_len + 1`` tokens, which is what decoding costs without a cache.
     The encoder output is computed once, outside the timing, in both cases.
+    Returns the fastest of ``repeats`` timed runs (after one warm-up run): the
+    minimum is the run least disturbed by other work on the machine.
     """
     if not isinstance(model, EncoderDecoder):
         raise TypeError(f"model must be an EncoderDecoder, got {type(model).__name__}")
@@ -375,7 +382,7 @@ def decode_step_seconds(model: EncoderDecoder, prefix_len: int, *, use_cache: bo
                 model.decoder(tgt, memory)[:, -1]  # (B, V_tgt)
             _sync(device)
             timings.append(time.perf_counter() - start)
-    return float(torch.tensor(timings[1:]).median())
+    return min(timings[1:])
 
 
 def _sync(device: torch.device) -> None:
