@@ -32,9 +32,10 @@ TOL = {"atol": 1e-10, "rtol": 1e-8}
 D, H = 16, 4
 
 
-def test_multi_head_attention_with_cache_matches_full_causal_attention():
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+def test_multi_head_attention_with_cache_matches_full_causal_attention(impl):
     torch.manual_seed(0)
-    mha = MultiHeadAttention(D, H).double().eval()
+    mha = MultiHeadAttention(D, H, impl=impl).double().eval()
     x = torch.randn(3, 7, D, dtype=torch.float64)
     full = mha(x, is_causal=True)  # (B, T, D)
     cache = KVCache()
@@ -63,10 +64,12 @@ def _left_padded_batch(lengths: list[int], total: int, seed: int):
     return x, mask
 
 
-@pytest.mark.parametrize("norm_first", [True, False])
-def test_decoder_only_stack_with_cache_matches_full_pass_with_left_padding(norm_first):
+@pytest.mark.parametrize(("norm_first", "impl"), [(True, "manual"), (False, "manual"),
+                                                  (True, "sdpa")])
+def test_decoder_only_stack_with_cache_matches_full_pass_with_left_padding(norm_first, impl):
     torch.manual_seed(2)
-    blocks = [TransformerBlock(D, H, norm_first=norm_first).double().eval() for _ in range(2)]
+    blocks = [TransformerBlock(D, H, norm_first=norm_first, impl=impl).double().eval()
+              for _ in range(2)]
     pe = PositionalEncoding(D, max_len=32)
     x, mask = _left_padded_batch([6, 3, 1], 6, seed=3)
     positions = positions_from_padding_mask(mask)  # (B, T): 0 at each row's first real token
