@@ -141,16 +141,20 @@ class TrainResult:
         return self.eval_val_losses[-1] if self.eval_val_losses else float("nan")
 
     def to_metrics(self) -> dict[str, Any]:
-        """The JSON-ready dict ``--metrics-out`` writes."""
+        """The JSON-ready dict ``--metrics-out`` writes (``None`` where nothing was measured)."""
+
+        def number(value: float) -> float | None:
+            return value if math.isfinite(value) else None
+
         return {
             "train_loss_history": self.train_losses,
             "eval_iters": self.eval_iters,
             "eval_train_loss_history": self.eval_train_losses,
             "val_loss_history": self.eval_val_losses,
-            "final_train_loss": self.final_train_loss,
-            "final_val_loss": self.final_val_loss,
-            "ms_per_iter": self.ms_per_iter,
-            "tokens_per_s": self.tokens_per_s,
+            "final_train_loss": number(self.final_train_loss),
+            "final_val_loss": number(self.final_val_loss),
+            "ms_per_iter": number(self.ms_per_iter),
+            "tokens_per_s": number(self.tokens_per_s),
             "n_params": self.n_params,
             "device": self.device,
             "torch_version": torch.__version__,
