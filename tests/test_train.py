@@ -82,11 +82,13 @@ def test_train_records_history_and_speed():
 
 def test_training_lowers_the_loss_on_the_copy_task():
     model = tiny_model()
-    result = train(model, TASK, quick(max_iters=100, batch_size=16, eval_interval=100,
+    result = train(model, TASK, quick(max_iters=300, batch_size=16, eval_interval=300,
                                       eval_iters=4, lr=1e-2))
     # ln 6 = 1.79 is the loss of guessing; the floor is 0.77. Learning to copy shows.
-    assert result.final_val_loss < math.log(6) - 0.3
+    assert result.final_val_loss < TASK.loss_floor() + 0.2 < math.log(6) - 0.8
     assert result.final_val_loss > TASK.loss_floor() - 0.05
+    # The two splits of a task are different random draws, so their losses differ.
+    assert result.final_train_loss != result.final_val_loss
 
 
 def test_train_rejects_bad_arguments():

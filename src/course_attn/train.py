@@ -196,17 +196,18 @@ def estimate_loss(model: nn.Module, data: BatchSource, config: TrainConfig, *,
                   device: torch.device | str | None = None) -> dict[str, float]:
     """Mean loss over ``config.eval_iters`` batches of each split, in eval mode.
 
-    The batches come from a generator seeded with ``config.seed + 1`` afresh at
-    every call, so every evaluation sees the same batches and never disturbs
-    the training run's random state.
+    The batches come from generators seeded afresh at every call (``config.seed
+    + 1`` for train, ``+ 2`` for val), so every evaluation sees the same batches,
+    the two splits of a synthetic task are different draws, and the training
+    run's random state is never disturbed.
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
     block_size = model.config.block_size
     was_training = model.training
     model.eval()
     out = {}
-    for split in ("train", "val"):
-        generator = torch.Generator().manual_seed(config.seed + 1)
+    for offset, split in enumerate(("train", "val"), start=1):
+        generator = torch.Generator().manual_seed(config.seed + offset)
         losses = []
         for _ in range(config.eval_iters):
             x, y = data.get_batch(split, config.batch_size, block_size, generator=generator,
