@@ -169,8 +169,9 @@ def test_generate_keeps_training_mode():
     assert model.training
 
 
-def test_attention_maps_rows_sum_to_one_on_real_keys():
-    model = tiny()
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+def test_attention_maps_rows_sum_to_one_on_real_keys(impl):
+    model = tiny(impl)
     maps = model.attention_maps(IDX, attention_mask=MASK)
     assert maps.shape == (2, 3, 2, 5, 5)
     sums = maps.sum(-1).transpose(1, 2)  # (L, H, B, T)

@@ -201,6 +201,7 @@ def test_cli_task_reports_the_floor(tmp_path):
         (["--metrics-out", "no/such/dir/m.json"], "does not exist"),
         (["--task", "copy", "--block-size", "8"], "fixes it"),
         (["--block-size", "4096"], "too short"),
+        (["--device", "tpu"], "device"),
     ],
 )
 def test_cli_bad_input_exits_with_code_2(args, message, corpus_file, capsys):
