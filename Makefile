@@ -10,7 +10,7 @@ SANITIZE := tests/nbval_sanitize.cfg
 export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: help setup assets book html test lint unit nbval site notebooks lab bench clean
+.PHONY: help setup assets book html test lint unit nbval site notebooks lab bench lock clean
 
 help:
 	@echo "make book       build the site into _build/html (creates .venv on first run)"
@@ -21,11 +21,11 @@ help:
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt constraints.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet -r requirements.txt -c constraints.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
@@ -70,6 +70,13 @@ lab: $(STAMP)
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# Rewrite constraints.txt from a fresh resolution of requirements.txt.
+lock:
+	rm -rf /tmp/course_attn_lock && $(PYTHON) -m venv /tmp/course_attn_lock
+	/tmp/course_attn_lock/bin/python -m pip install --quiet -r requirements.txt
+	{ sed -n '1,4p' constraints.txt; /tmp/course_attn_lock/bin/python -m pip freeze | grep -v -i -E '^(torch|course.attn)=='; } > constraints.tmp
+	mv constraints.tmp constraints.txt
 
 clean:
 	rm -rf _build .pytest_cache .ruff_cache
