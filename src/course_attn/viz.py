@@ -123,6 +123,11 @@ def interactive_plot(draw: Callable[..., object], **controls: object):
         if not isinstance(control, widgets.ValueWidget):
             raise TypeError(f"control {name!r} must be an ipywidgets value widget, "
                             f"got {type(control).__name__}")
+        if not control.description:
+            control.description = name
+        # The default label column is narrow and cuts names such as "temperature".
+        if hasattr(control, "style") and hasattr(control.style, "description_width"):
+            control.style.description_width = "initial"
 
     def _draw(**values: object) -> None:
         draw(**values)
