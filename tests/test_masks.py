@@ -153,6 +153,7 @@ def test_padding_mask_default_max_len_is_longest():
         (torch.tensor([True, False]), {}, TypeError, "lengths"),
         (torch.tensor([[2, 3]]), {}, ValueError, "lengths"),
         ([], {}, ValueError, "lengths"),
+        ([0, 0], {}, ValueError, "lengths must contain a positive length"),  # no max_len to infer
         ([2, 3], {"max_len": 0}, ValueError, "max_len"),
         ([2, 3], {"max_len": 4.0}, TypeError, "max_len"),
     ],

@@ -74,6 +74,9 @@ def padding_mask(
                          f"{tuple(lengths_t.shape)}")
     if max_len is None:
         max_len = int(lengths_t.max())
+        if max_len < 1:
+            raise ValueError(f"lengths must contain a positive length when max_len is not "
+                             f"given, got {lengths_t.tolist()}")
     max_len = check_positive_int(max_len, "max_len")
     if (lengths_t < 0).any() or (lengths_t > max_len).any():
         raise ValueError(f"every length must be in [0, max_len={max_len}], "
