@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import math
 import sysconfig
 from pathlib import Path
@@ -21,7 +22,13 @@ from course_attn.data import (
     load_text,
     train_val_split,
 )
-from course_attn.tasks import CopyTask, make_task, offset_attention_score
+from course_attn.tasks import (
+    CopyTask,
+    RecallTask,
+    induction_attention_score,
+    make_task,
+    offset_attention_score,
+)
 
 TEXT = "To be, or not to be: that is the question.\nWhether 'tis nobler...\n"
 
@@ -216,3 +223,102 @@ def test_offset_attention_score_picks_the_diagonal():
         offset_attention_score(eye_prev, 6)
     with pytest.raises(ValueError, match="first_query"):
         offset_attention_score(eye_prev, 2, first_query=1)
+
+
+# ------------------------------------------------------------ recall task
+def test_recall_task_sequences_follow_the_rules():
+    task = RecallTask(n_keys=6, n_values=5, n_pairs=9, max_step=3)
+    seq = task.sample(50, generator=torch.Generator().manual_seed(3))  # (B, 2P)
+    assert seq.shape == (50, 18) and task.vocab_size == 11 and task.block_size == 17
+    keys, values = seq[:, 0::2], seq[:, 1::2]  # (B, P) each
+    assert int(keys.min()) >= 0 and int(keys.max()) < 6
+    assert int(values.min()) >= 6 and int(values.max()) < 11
+    steps = (keys[:, 1:] - keys[:, :-1]) % 6
+    assert int(steps.min()) == 1 and int(steps.max()) == 3  # every step size occurs
+    for row_keys, row_values in zip(keys.tolist(), values.tolist(), strict=True):
+        table: dict[int, int] = {}
+        for key, value in zip(row_keys, row_values, strict=True):
+            assert table.setdefault(key, value) == value  # a key keeps its value
+    x, y = task.get_batch("val", 4, generator=torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (4, 17) and torch.equal(x[:, 1:], y[:, :-1])
+    assert torch.equal(task.key_positions, torch.arange(0, 17, 2))
+    assert torch.equal(task.value_positions, torch.arange(1, 17, 2))
+
+
+@pytest.mark.parametrize(("n_keys", "max_step", "n_pairs"), [(5, 3, 6), (4, 1, 7), (6, 2, 5)])
+def test_recall_new_key_probability_matches_every_walk(n_keys, max_step, n_pairs):
+    # Enumerate every start and every sequence of steps: all walks are equally likely.
+    task = RecallTask(n_keys=n_keys, n_values=3, n_pairs=n_pairs, max_step=max_step)
+    counts = torch.zeros(n_pairs, dtype=torch.float64)
+    walks = 0
+    for start in range(n_keys):
+        for steps in itertools.product(range(1, max_step + 1), repeat=n_pairs - 1):
+            walk = [start]
+            for step in steps:
+                walk.append((walk[-1] + step) % n_keys)
+            counts += torch.tensor([float(k not in walk[:i]) for i, k in enumerate(walk)],
+                                   dtype=torch.float64)
+            walks += 1
+    assert torch.allclose(task.new_key_probability(), counts / walks, atol=1e-12)
+
+
+def test_recall_floor_is_what_the_bayes_optimal_predictor_pays():
+    task = RecallTask(n_keys=8, n_values=8, n_pairs=12, max_step=4)
+    floor = task.position_floor()
+    assert floor[task.value_positions].tolist() == pytest.approx([math.log(4)] * 11)
+    assert floor.mean().item() == pytest.approx(task.loss_floor())
+    # The predictor that knows the rules: the next key is one of the R steps
+    # round; a key's value is certain if the key came before, else uniform.
+    x, y = task.get_batch("val", 2000, generator=torch.Generator().manual_seed(0))
+    probs = torch.zeros(*x.shape, task.vocab_size, dtype=torch.float64)  # (B, T, K + V)
+    for b in range(x.shape[0]):
+        row = x[b].tolist()
+        for t, token in enumerate(row):
+            if t % 2:  # a value: the key before it walks 1..R steps on
+                for step in range(1, task.max_step + 1):
+                    probs[b, t, (row[t - 1] + step) % task.n_keys] = 1 / task.max_step
+            elif token in row[:t:2]:
+                probs[b, t, row[row.index(token) + 1]] = 1.0
+            else:
+                probs[b, t, task.n_keys:] = 1 / task.n_values
+    paid = -probs.gather(2, y[:, :, None]).log().squeeze(2)  # (B, T)
+    assert torch.isfinite(paid).all()  # the rules never rule out the real next token
+    per_position = paid.mean(dim=0)
+    spread = paid.std(dim=0) / math.sqrt(x.shape[0])
+    assert ((per_position - floor).abs() <= 4 * spread + 1e-9).all()
+    assert paid.mean().item() == pytest.approx(task.loss_floor(), abs=0.02)
+
+
+def test_recall_task_bad_inputs():
+    with pytest.raises(ValueError, match="n_keys"):
+        RecallTask(n_keys=17)
+    with pytest.raises(ValueError, match="max_step"):
+        RecallTask(n_keys=4, max_step=4)
+    with pytest.raises(ValueError, match="n_values"):
+        RecallTask(n_values=1)
+    with pytest.raises(TypeError, match="n_pairs"):
+        RecallTask(n_pairs=3.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="block_size"):
+        RecallTask().get_batch("train", 2, 24)
+    assert isinstance(make_task("recall", n_keys=4, max_step=2), RecallTask)
+
+
+def test_induction_attention_score_finds_the_token_after_the_earlier_copy():
+    tokens = torch.tensor([[5, 2, 7, 5, 2, 7]])  # (B=1, T=6)
+    perfect = torch.zeros(1, 6, 6)
+    perfect[0, torch.arange(6), torch.tensor([0, 0, 0, 1, 2, 3])] = 1.0  # t -> j + 1 for t >= 3
+    previous = torch.zeros(1, 6, 6)
+    previous[0, torch.arange(6), torch.tensor([0, 0, 1, 2, 3, 4])] = 1.0
+    assert induction_attention_score(perfect, tokens).item() == pytest.approx(1.0)
+    assert induction_attention_score(previous, tokens).item() == pytest.approx(0.0)
+    heads = torch.stack([perfect, previous, torch.full((1, 6, 6), 1 / 6)], dim=1)  # (B, H, T, T)
+    layers = torch.stack([heads, heads.flip(1)])  # (L, B, H, T, T)
+    score = induction_attention_score(layers, tokens)
+    assert score.shape == (2, 3)
+    assert torch.allclose(score[0], torch.tensor([1.0, 0.0, 1 / 6]))
+    with pytest.raises(ValueError, match="tokens"):
+        induction_attention_score(perfect, tokens[0])
+    with pytest.raises(ValueError, match="attn_weights"):
+        induction_attention_score(perfect[:, :5, :5], tokens)
+    with pytest.raises(ValueError, match="occurred earlier"):
+        induction_attention_score(perfect, torch.arange(6)[None])

@@ -38,6 +38,21 @@ def test_config_validation():
         GPTConfig(vocab_size=10, block_size=8).n_layer = 3  # type: ignore[misc]
 
 
+def test_init_std_sets_the_scale_of_the_initial_weights():
+    torch.manual_seed(0)
+    small = MiniGPT(GPTConfig(vocab_size=50, block_size=8, n_layer=2, d_model=64))
+    torch.manual_seed(0)
+    large = MiniGPT(GPTConfig(vocab_size=50, block_size=8, n_layer=2, d_model=64, init_std=0.1))
+    for model, std in ((small, 0.02), (large, 0.1)):
+        assert model.tok_emb.weight.std().item() == pytest.approx(std, rel=0.05)
+        assert model.blocks[0].self_attn.q_proj.weight.std().item() == pytest.approx(std, rel=0.1)
+        # The projections into the residual stream start 1/sqrt(2 * n_layer) smaller.
+        assert model.blocks[1].ff.linear2.weight.std().item() == pytest.approx(std / 2, rel=0.1)
+    for bad in (0.0, -0.1, float("nan"), True, "0.1"):
+        with pytest.raises(ValueError, match="init_std"):
+            GPTConfig(vocab_size=10, block_size=8, init_std=bad)  # type: ignore[arg-type]
+
+
 def test_built_from_the_course_blocks_with_tied_weights():
     model = tiny()
     assert len(model.blocks) == 2 and all(isinstance(b, TransformerBlock) for b in model.blocks)

@@ -12,7 +12,7 @@ import torch
 
 from course_attn.data import CharCorpus
 from course_attn.model import GPTConfig, MiniGPT
-from course_attn.tasks import CopyTask
+from course_attn.tasks import CopyTask, RecallTask
 from course_attn.train import (
     TrainConfig,
     learning_rate,
@@ -178,14 +178,17 @@ def test_cli_trains_on_a_text_file_and_writes_metrics(tmp_path, corpus_file, cap
     assert len(resumed["train_loss_history"]) == 6
 
 
-def test_cli_task_reports_the_floor(tmp_path):
+@pytest.mark.parametrize("task", [CopyTask(), RecallTask()])
+def test_cli_task_reports_the_floor(tmp_path, task):
     metrics_path = tmp_path / "m.json"
-    code = main(["--task", "copy", "--n-layer", "1", "--n-head", "1", "--d-model", "8",
+    name = {CopyTask: "copy", RecallTask: "recall"}[type(task)]
+    code = main(["--task", name, "--n-layer", "1", "--n-head", "1", "--d-model", "8",
                  "--batch-size", "2", "--max-iters", "2", "--eval-iters", "1", "--device",
                  "cpu", "--quiet", "--metrics-out", str(metrics_path)])
     metrics = json.loads(metrics_path.read_text())
-    assert code == 0 and metrics["loss_floor"] == pytest.approx(CopyTask().loss_floor())
-    assert metrics["model_config"]["block_size"] == CopyTask().block_size
+    assert code == 0 and metrics["loss_floor"] == pytest.approx(task.loss_floor())
+    assert metrics["model_config"]["block_size"] == task.block_size
+    assert metrics["model_config"]["vocab_size"] == task.vocab_size
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ from .masks import causal_mask, combine_masks, padding_mask, to_additive_mask, t
 from .model import GPTConfig, MiniGPT
 from .self_attention import SelfAttention, simple_self_attention
 from .softmax import attention_pool, softmax
-from .tasks import CopyTask, offset_attention_score
+from .tasks import CopyTask, RecallTask, induction_attention_score, offset_attention_score
 
 __version__ = "0.1.0"
 
@@ -46,10 +46,12 @@ __all__ = [
     "CopyTask",
     "GPTConfig",
     "MiniGPT",
+    "RecallTask",
     "TrainConfig",
     "TrainResult",
     "default_corpus",
     "download_tiny_shakespeare",
+    "induction_attention_score",
     "load_text",
     "offset_attention_score",
     "train_val_split",

@@ -16,7 +16,8 @@ from torch import Tensor
 
 from ._validation import check_choice, check_positive_int
 
-__all__ = ["TASKS", "CopyTask", "make_task", "offset_attention_score"]
+__all__ = ["TASKS", "CopyTask", "RecallTask", "induction_attention_score", "make_task",
+           "offset_attention_score"]
 
 
 @dataclass(frozen=True)
@@ -137,11 +138,181 @@ def offset_attention_score(
     return picked.mean(dim=-1)
 
 
-#: Tasks the trainer CLI knows by name (``--task copy``).
-TASKS: dict[str, type[CopyTask]] = {"copy": CopyTask}
+@dataclass(frozen=True)
+class RecallTask:
+    """Key-value pairs read out in order; a key that comes back brings back its value.
+
+    Each sequence is ``P = n_pairs`` pairs ``k_1 v_1 k_2 v_2 .. k_P v_P``.
+    Keys are ids ``0 .. K-1`` (``K = n_keys``) arranged on a ring: the first
+    key is uniform, and each next key is ``max_step`` or fewer steps further
+    round (``k_{i+1} = k_i + s mod K`` with ``s`` uniform in ``1 .. R``,
+    ``R = max_step``). Values are ids ``K .. K+V-1`` (``V = n_values``):
+    every key gets its own uniformly drawn value for each sequence, the same
+    value each time it appears.
+
+    What a perfect model pays, per prediction (``2P - 1`` per sequence):
+
+    - reading a value ``v_i``, the next key: ``ln R``, once it knows ``k_i``,
+      the token one step back (the job of a *previous-token head*);
+    - reading a key ``k_i``, its value: ``0`` if ``k_i`` appeared earlier in
+      the sequence (look up the token after that earlier ``k_i``: an
+      *induction head*), else ``ln V``.
+
+    The walk's steps change from sequence to sequence, so no fixed distance
+    points back to the earlier copy of a key; only its content finds it.
+    :meth:`loss_floor` is exact: it follows the probability of every set of
+    keys seen so far, so ``n_keys`` is capped at 16.
+    """
+
+    n_keys: int = 8
+    n_values: int = 8
+    n_pairs: int = 12
+    max_step: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("n_keys", "n_values", "n_pairs", "max_step"):
+            check_positive_int(getattr(self, name), name)
+        if not 2 <= self.n_keys <= 16:
+            raise ValueError(f"n_keys must be in [2, 16] (the exact floor tracks every set of "
+                             f"keys), got {self.n_keys}")
+        for name in ("n_values", "n_pairs"):
+            if getattr(self, name) < 2:
+                raise ValueError(f"{name} must be at least 2, got {getattr(self, name)}")
+        if self.max_step >= self.n_keys:
+            raise ValueError(f"max_step must be below n_keys={self.n_keys} (a step of n_keys "
+                             f"would land on the same key), got {self.max_step}")
+
+    @property
+    def vocab_size(self) -> int:
+        """Keys and values together: ``K + V`` ids."""
+        return self.n_keys + self.n_values
+
+    @property
+    def block_size(self) -> int:
+        """Length ``T = 2P - 1`` of the model's input (and of the targets)."""
+        return 2 * self.n_pairs - 1
+
+    @property
+    def key_positions(self) -> Tensor:
+        """Input positions that hold a key (and predict its value): ``0, 2, .., 2P - 2``."""
+        return torch.arange(0, self.block_size, 2)
+
+    @property
+    def value_positions(self) -> Tensor:
+        """Input positions that hold a value (and predict the next key): ``1, 3, .., 2P - 3``."""
+        return torch.arange(1, self.block_size, 2)
+
+    def new_key_probability(self) -> Tensor:
+        """``(P,)``: the probability that key ``i`` has not appeared before it (exact).
+
+        The state after each key is the set of keys seen, rotated so that the
+        current key is key 0 (the ring looks the same from every key), with
+        its probability; each of the ``R`` steps moves it on.
+        """
+        ring, full = self.n_keys, (1 << self.n_keys) - 1
+        probs = {1: 1.0}  # seen-set (bit j: key current + j was seen) -> probability
+        new = [1.0]  # the first key is always new
+        for _ in range(self.n_pairs - 1):
+            moved: dict[int, float] = {}
+            p_new = 0.0
+            for seen, p in probs.items():
+                for step in range(1, self.max_step + 1):
+                    if not seen >> step & 1:
+                        p_new += p / self.max_step
+                    # Re-centre on the new key: rotate the ring by `step` places.
+                    rotated = ((seen >> step) | (seen << (ring - step))) & full | 1
+                    moved[rotated] = moved.get(rotated, 0.0) + p / self.max_step
+            probs = moved
+            new.append(p_new)
+        return torch.tensor(new, dtype=torch.float64)
+
+    def position_floor(self) -> Tensor:
+        """Best expected loss at each predicted position ``(T,)`` (nats)."""
+        floor = torch.full((self.block_size,), math.log(self.max_step), dtype=torch.float64)
+        floor[self.key_positions] = self.new_key_probability() * math.log(self.n_values)
+        return floor
+
+    def loss_floor(self) -> float:
+        """Exact best mean cross-entropy (nats) over the ``2P - 1`` predicted positions."""
+        return float(self.position_floor().mean())
+
+    def sample(
+        self, batch_size: int, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """Full sequences ``(B, 2P)``: ``k_1 v_1 .. k_P v_P``."""
+        check_positive_int(batch_size, "batch_size")
+        shape = (batch_size, self.n_pairs)
+        steps = torch.randint(1, self.max_step + 1, shape, generator=generator)  # (B, P)
+        steps[:, 0] = torch.randint(self.n_keys, (batch_size,), generator=generator)
+        keys = steps.cumsum(dim=1) % self.n_keys  # (B, P): a walk round the ring
+        table = torch.randint(self.n_values, (batch_size, self.n_keys),
+                              generator=generator) + self.n_keys  # (B, K): each key's value
+        values = table.gather(1, keys)  # (B, P)
+        return torch.stack([keys, values], dim=2).reshape(batch_size, 2 * self.n_pairs)
+
+    def get_batch(
+        self,
+        split: str,
+        batch_size: int,
+        block_size: int | None = None,
+        *,
+        generator: torch.Generator | None = None,
+        device: torch.device | str | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Inputs ``x (B, T)`` and next-token targets ``y (B, T)`` with ``T = 2P - 1``.
+
+        Both splits are fresh random draws, as for :class:`CopyTask`.
+        """
+        check_choice(split, "split", ("train", "val"))
+        if block_size is not None and block_size != self.block_size:
+            raise ValueError(f"block_size must be {self.block_size} (= 2 * n_pairs - 1) for "
+                             f"this recall task, got {block_size}")
+        seq = self.sample(batch_size, generator=generator)  # (B, 2P)
+        x, y = seq[:, :-1], seq[:, 1:]  # (B, T), (B, T)
+        if device is not None:
+            x, y = x.to(device), y.to(device)
+        return x, y
 
 
-def make_task(name: str, **kwargs: int) -> CopyTask:
+def induction_attention_score(attn_weights: Tensor, tokens: Tensor) -> Tensor:
+    """Mean weight a query puts on the tokens that followed earlier copies of its own token.
+
+    ``attn_weights (..., B, H, T, T)`` (or ``(B, T, T)``) and ``tokens (B, T)``
+    -> ``(..., H)`` (or a scalar). For every query ``t`` whose token occurred
+    before, at some ``j`` with ``j + 1 < t``, the weight on the keys ``j + 1``
+    is summed; the score is the mean over those queries and the batch. An
+    *induction head* scores near 1; queries with no earlier copy are left out.
+    """
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+        raise ValueError(f"tokens must be a tensor (B, T), got "
+                         f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else tokens!r}")
+    batch, time = tokens.shape
+    if not isinstance(attn_weights, Tensor) or attn_weights.dim() < 3:
+        raise ValueError("attn_weights must be a tensor (..., B, H, T, T) or (B, T, T)")
+    squeeze = attn_weights.dim() == 3
+    weights = attn_weights.unsqueeze(-3) if squeeze else attn_weights  # (..., B, H, T, T)
+    if tuple(weights.shape[-2:]) != (time, time) or weights.shape[-4] != batch:
+        raise ValueError(f"attn_weights must end in (B={batch}, H, T={time}, T={time}) to "
+                         f"match tokens, got {tuple(attn_weights.shape)}")
+    same = tokens[:, :, None] == tokens[:, None, :]  # (B, T, T): query t, earlier j
+    earlier = torch.ones(time, time, dtype=torch.bool, device=tokens.device).tril(-2)
+    target = torch.zeros(batch, time, time, device=weights.device)  # (B, T, T): keys j + 1
+    target[:, :, 1:] = (same & earlier)[:, :, :-1].to(weights.device, torch.float32)
+    has_copy = target.sum(dim=-1) > 0  # (B, T)
+    if not has_copy.any():
+        raise ValueError("tokens has no query whose token occurred earlier: nothing to score")
+    picked = (weights.float() * target[:, None]).sum(dim=-1)  # (..., B, H, T)
+    score = (picked * has_copy[:, None]).sum(dim=(-3, -1)) / has_copy.sum()  # (..., H)
+    return score.squeeze(-1) if squeeze else score
+
+
+Task = CopyTask | RecallTask
+
+#: Tasks the trainer CLI knows by name (``--task copy``, ``--task recall``).
+TASKS: dict[str, type[Task]] = {"copy": CopyTask, "recall": RecallTask}
+
+
+def make_task(name: str, **kwargs: int) -> Task:
     """Build a task by its name in :data:`TASKS` (e.g. ``make_task("copy", vocab_size=8)``)."""
     check_choice(name, "name", tuple(TASKS))
     return TASKS[name](**kwargs)

@@ -30,7 +30,7 @@ from ._validation import check_positive_int, check_positive_real
 from .data import CharCorpus, CharTokenizer, default_corpus, load_text
 from .env import pick_device
 from .model import GPTConfig, MiniGPT
-from .tasks import TASKS, CopyTask, make_task
+from .tasks import TASKS, CopyTask, RecallTask, make_task
 
 __all__ = [
     "PRESETS",
@@ -473,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta: dict[str, Any] = {}
     if args.task is not None:
         data: BatchSource = make_task(args.task)
-        assert isinstance(data, CopyTask)
+        assert isinstance(data, (CopyTask, RecallTask))
         if args.block_size is not None and args.block_size != data.block_size:
             parser.error(f"--block-size {args.block_size}: the {args.task} task fixes it "
                          f"to {data.block_size}")
