@@ -20,8 +20,42 @@ __all__ = ["TASKS", "CopyTask", "RecallTask", "induction_attention_score", "make
            "offset_attention_score"]
 
 
+class _NextTokenTask:
+    """Batching shared by the synthetic tasks: a sampled sequence, split into inputs and targets.
+
+    A task supplies ``sample(batch_size, generator=...) -> (B, T + 1)``, its
+    ``block_size`` T and ``_block_rule`` (how T follows from its sizes).
+    """
+
+    _block_rule = ""
+
+    def get_batch(
+        self,
+        split: str,
+        batch_size: int,
+        block_size: int | None = None,
+        *,
+        generator: torch.Generator | None = None,
+        device: torch.device | str | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Inputs ``x (B, T)`` and next-token targets ``y (B, T)``.
+
+        ``split`` is accepted for the trainer's sake; both splits are fresh
+        random draws (a synthetic task has no fixed data to overfit).
+        """
+        check_choice(split, "split", ("train", "val"))
+        if block_size is not None and block_size != self.block_size:
+            raise ValueError(f"block_size must be {self.block_size} (= {self._block_rule}) for "
+                             f"the {type(self).__name__}, got {block_size}")
+        seq = self.sample(batch_size, generator=generator)  # (B, T + 1)
+        x, y = seq[:, :-1], seq[:, 1:]  # (B, T), (B, T)
+        if device is not None:
+            x, y = x.to(device), y.to(device)
+        return x, y
+
+
 @dataclass(frozen=True)
-class CopyTask:
+class CopyTask(_NextTokenTask):
     """Random tokens whose second half repeats the first: ``a_1 .. a_n a_1 .. a_n``.
 
     Each sequence has ``2 * half_length`` tokens drawn uniformly from
@@ -37,6 +71,7 @@ class CopyTask:
 
     vocab_size: int = 16
     half_length: int = 16
+    _block_rule = "2 * half_length - 1"
 
     def __post_init__(self) -> None:
         check_positive_int(self.vocab_size, "vocab_size")
@@ -81,33 +116,6 @@ class CopyTask:
         )  # (B, n)
         return torch.cat([first, first], dim=1)  # (B, 2n)
 
-    def get_batch(
-        self,
-        split: str,
-        batch_size: int,
-        block_size: int | None = None,
-        *,
-        generator: torch.Generator | None = None,
-        device: torch.device | str | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """Inputs ``x (B, T)`` and next-token targets ``y (B, T)`` with ``T = 2n - 1``.
-
-        ``split`` is accepted for the trainer's sake; both splits are fresh
-        random draws (the task has no fixed data to overfit).
-        """
-        check_choice(split, "split", ("train", "val"))
-        if block_size is not None and block_size != self.block_size:
-            raise ValueError(
-                f"block_size must be {self.block_size} (= 2 * half_length - 1) for this copy "
-                f"task, got {block_size}"
-            )
-        seq = self.sample(batch_size, generator=generator)  # (B, 2n)
-        x, y = seq[:, :-1], seq[:, 1:]  # (B, T), (B, T)
-        if device is not None:
-            x, y = x.to(device), y.to(device)
-        return x, y
-
-
 def offset_attention_score(
     attn_weights: Tensor, offset: int, *, first_query: int | None = None
 ) -> Tensor:
@@ -139,7 +147,7 @@ def offset_attention_score(
 
 
 @dataclass(frozen=True)
-class RecallTask:
+class RecallTask(_NextTokenTask):
     """Key-value pairs read out in order; a key that comes back brings back its value.
 
     Each sequence is ``P = n_pairs`` pairs ``k_1 v_1 k_2 v_2 .. k_P v_P``.
@@ -168,6 +176,7 @@ class RecallTask:
     n_values: int = 8
     n_pairs: int = 12
     max_step: int = 4
+    _block_rule = "2 * n_pairs - 1"
 
     def __post_init__(self) -> None:
         for name in ("n_keys", "n_values", "n_pairs", "max_step"):
@@ -249,30 +258,6 @@ class RecallTask:
                               generator=generator) + self.n_keys  # (B, K): each key's value
         values = table.gather(1, keys)  # (B, P)
         return torch.stack([keys, values], dim=2).reshape(batch_size, 2 * self.n_pairs)
-
-    def get_batch(
-        self,
-        split: str,
-        batch_size: int,
-        block_size: int | None = None,
-        *,
-        generator: torch.Generator | None = None,
-        device: torch.device | str | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """Inputs ``x (B, T)`` and next-token targets ``y (B, T)`` with ``T = 2P - 1``.
-
-        Both splits are fresh random draws, as for :class:`CopyTask`.
-        """
-        check_choice(split, "split", ("train", "val"))
-        if block_size is not None and block_size != self.block_size:
-            raise ValueError(f"block_size must be {self.block_size} (= 2 * n_pairs - 1) for "
-                             f"this recall task, got {block_size}")
-        seq = self.sample(batch_size, generator=generator)  # (B, 2P)
-        x, y = seq[:, :-1], seq[:, 1:]  # (B, T), (B, T)
-        if device is not None:
-            x, y = x.to(device), y.to(device)
-        return x, y
-
 
 def induction_attention_score(attn_weights: Tensor, tokens: Tensor) -> Tensor:
     """Mean weight a query puts on the tokens that followed earlier copies of its own token.
