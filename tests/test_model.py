@@ -48,8 +48,9 @@ def test_init_std_sets_the_scale_of_the_initial_weights():
         assert model.blocks[0].self_attn.q_proj.weight.std().item() == pytest.approx(std, rel=0.1)
         # The projections into the residual stream start 1/sqrt(2 * n_layer) smaller.
         assert model.blocks[1].ff.linear2.weight.std().item() == pytest.approx(std / 2, rel=0.1)
-    for bad in (0.0, -0.1, float("nan"), True, "0.1"):
-        with pytest.raises(ValueError, match="init_std"):
+    for bad, error in ((0.0, ValueError), (-0.1, ValueError), (float("nan"), ValueError),
+                       (True, TypeError), ("0.1", TypeError)):
+        with pytest.raises(error, match="init_std must be a positive finite number"):
             GPTConfig(vocab_size=10, block_size=8, init_std=bad)  # type: ignore[arg-type]
 
 

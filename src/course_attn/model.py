@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validation import check_choice, check_positive_int, check_probability
+from ._validation import check_choice, check_positive_int, check_positive_real, check_probability
 from .attention import ATTENTION_IMPLS
 from .layers import KVCache, TransformerBlock
 
@@ -61,9 +61,7 @@ class GPTConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         check_choice(self.impl, "impl", ATTENTION_IMPLS)
-        if (isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float))
-                or not 0 < self.init_std < math.inf):
-            raise ValueError(f"init_std must be a positive finite number, got {self.init_std!r}")
+        check_positive_real(self.init_std, "init_std")
 
 
 class MiniGPT(nn.Module):
