@@ -10,11 +10,12 @@ SANITIZE := tests/nbval_sanitize.cfg
 export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: help setup assets book html test lint unit nbval site notebooks lab bench lock clean
+.PHONY: help setup assets book html test lint unit nbval nbval-portable site notebooks lab bench lock clean
 
 help:
 	@echo "make book       build the site into _build/html (creates .venv on first run)"
-	@echo "make test       lint, unit tests, nbval (strict), -W book build, browser site test"
+	@echo "make test       lint, unit tests, nbval (strict, twice: native and portable CPU paths),"
+	@echo "                -W book build, browser site test"
 	@echo "make notebooks  re-execute notebooks in place (NB=notebooks/01_*.ipynb for one)"
 	@echo "make lab        JupyterLab on the course"
 	@echo "make bench      speed benchmarks"
@@ -50,10 +51,21 @@ unit: $(STAMP)
 nbval: $(STAMP)
 	$(BIN)/pytest -p no:cacheprovider --nbval --nbval-current-env --nbval-sanitize-with $(SANITIZE) $(NB)
 
+# nbval again on other code paths than this CPU's own: ATen's scalar kernels instead of
+# AVX2/AVX-512, MKL's and oneDNN's most generic paths, one thread. A printed number whose
+# digits depend on the CPU (round-off) then fails on any machine, not only on a reader's.
+PORTABLE_ENV := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41 \
+                OMP_NUM_THREADS=1
+
+nbval-portable: $(STAMP)
+	$(PORTABLE_ENV) $(BIN)/python -c 'import torch; c = torch.backends.cpu.get_cpu_capability(); \
+	  assert c == "DEFAULT", f"ATEN_CPU_CAPABILITY ignored: {c}"; print("nbval-portable: ATen", c)'
+	$(PORTABLE_ENV) $(BIN)/pytest -p no:cacheprovider --nbval --nbval-current-env --nbval-sanitize-with $(SANITIZE) $(NB)
+
 site: $(STAMP)
 	$(BIN)/pytest tests -m site
 
-test: lint unit nbval html site
+test: lint unit nbval nbval-portable html site
 
 notebooks: $(STAMP)
 	@for nb in $(NB); do \
