@@ -18,6 +18,7 @@ from course_attn.train import (
     TrainConfig,
     amp_dtype,
     check_preset_device,
+    gpu_peak_flops,
     learning_rate,
     load_checkpoint,
     main,
@@ -309,3 +310,12 @@ def test_cli_help_runs_as_a_module_without_warnings():
     assert done.returncode == 0, done.stderr
     for flag in ("--data", "--task", "--preset", "--resume", "--metrics-out", "--impl"):
         assert flag in done.stdout
+
+
+def test_gpu_peak_flops_table():
+    assert gpu_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert gpu_peak_flops("NVIDIA H100 PCIe") == 756e12  # the PCIe card is slower
+    assert gpu_peak_flops("Tesla T4") == 65e12 and gpu_peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
+    assert gpu_peak_flops("a CPU") is None
+    with pytest.raises(TypeError, match="name"):
+        gpu_peak_flops(None)  # type: ignore[arg-type]

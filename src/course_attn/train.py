@@ -36,6 +36,7 @@ from .model import GPTConfig, MiniGPT
 from .tasks import TASKS, CopyTask, RecallTask, make_task
 
 __all__ = [
+    "GPU_PEAK_FLOPS",
     "PRESETS",
     "BatchSource",
     "TrainConfig",
@@ -43,6 +44,7 @@ __all__ = [
     "amp_dtype",
     "check_preset_device",
     "estimate_loss",
+    "gpu_peak_flops",
     "learning_rate",
     "load_checkpoint",
     "main",
@@ -430,6 +432,32 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpu": dict(n_layer=6, n_head=6, d_model=384, block_size=256, batch_size=64, dropout=0.2,
                 lr=1e-3, max_iters=5000, eval_interval=250, eval_iters=200, warmup_iters=100),
 }
+
+
+#: Dense bf16/fp16 tensor-core peak FLOP/s of common GPUs, from the vendors' data sheets
+#: (no sparsity), matched in this order against ``torch.cuda.get_device_name()``.
+GPU_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("H200", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10", 125e12),
+    ("V100", 125e12),
+    ("T4", 65e12),
+)
+
+
+def gpu_peak_flops(name: str) -> float | None:
+    """Peak FLOP/s of the GPU called ``name`` (e.g. ``"NVIDIA H100 80GB HBM3"``), or None.
+
+    The denominator of MFU, model FLOPs utilisation: the share of the peak that
+    training achieves (:meth:`MiniGPT.flops_per_token` x tokens per second / peak).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a GPU name (str), got {type(name).__name__}")
+    return next((peak for key, peak in GPU_PEAK_FLOPS if key in name), None)
 
 
 def _cpu_flops_per_second(size: int = 512, repeats: int = 5) -> float:
