@@ -49,8 +49,7 @@ def sync(device: torch.device) -> None:
 
 def make_step(model: MiniGPT, device: torch.device, compiled: bool):
     """One optimisation step as a function of a batch, like the trainer's inner loop."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3,
-                                  fused=device.type in ("cuda", "cpu"))  # as the trainer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=device.type == "cuda")
     forward = torch.compile(model) if compiled else model
     dtype = amp_dtype(device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
