@@ -261,3 +261,62 @@ def test_unknown_impl_names_the_argument():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=r"impl must be one of \('manual', 'sdpa'\), got 'flash'"):
         attention(q, k, v, impl="flash")
+
+
+# ------------------------------------------------ padding never leaks, on any kernel
+@pytest.mark.parametrize("impl", ATTENTION_IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_nan_and_inf_in_padded_keys_never_reach_real_outputs(impl, dtype):
+    """0 x NaN = NaN: a padded slot's garbage must be removed, not just weighted by zero."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=g).to(dtype) for _ in range(3))
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    mask[0, ..., 3:] = False  # batch 0: keys 3 and 4 are padding
+    k[0, :, 3], v[0, :, 3], v[0, :, 4] = float("nan"), float("nan"), float("inf")
+    clean_k, clean_v = k.clone(), v.clone()
+    clean_k[0, :, 3:], clean_v[0, :, 3:] = 0.0, 0.0
+    out, _ = attention(q, k, v, mask, impl=impl)
+    expected, _ = attention(q, clean_k, clean_v, mask, impl=impl)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, expected)  # the pads' contents do not matter at all
+    # with a causal mask as well (the decoder's case), on both paths
+    out, _ = attention(q, k, v, mask, is_causal=True, impl=impl)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fused_path_zeroes_fully_masked_rows_whatever_the_kernel_returns(dtype, monkeypatch):
+    """On an H100, PyTorch's fp16/bf16 kernels gave 1.69 and 2.45 for fully masked rows.
+
+    The spy plays such a kernel (it writes garbage into the rows with no allowed key);
+    ``attention`` must still return zeros there, as chapter 5 promises.
+    """
+    real = F.scaled_dot_product_attention
+
+    def kernel_with_garbage_rows(q, k, v, attn_mask=None, **kwargs):
+        out = real(q, k, v, attn_mask=attn_mask, **kwargs)
+        if attn_mask is not None:
+            no_key = ~attn_mask.any(dim=-1, keepdim=True)
+            out = out.masked_fill(no_key, 2.45)
+        return out
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", kernel_with_garbage_rows)
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 4, 6, generator=g).to(dtype) for _ in range(3))
+    mask = torch.ones(2, 4, 4, dtype=torch.bool)
+    mask[0, 1] = False  # one query with no key
+    mask[1] = False  # a whole batch element with no key
+    out, _ = attention(q, k, v, mask, impl="sdpa")
+    manual, _ = attention(q, k, v, mask, impl="manual")
+    assert out.dtype == dtype
+    assert (out[0, 1] == 0).all() and (out[1] == 0).all() and (manual[1] == 0).all()
+    assert (out[0, 0].abs().sum() > 0) and torch.isfinite(out).all()
+    # more queries than keys under the bottom-right causal mask: the first rows see nothing
+    out, _ = attention(q, k[:, :2], v[:, :2], is_causal=True, impl="sdpa")
+    assert (out[:, :2] == 0).all() and (out[:, 2:].abs().sum(-1) > 0).all()
+
+
+def test_a_cpu_mask_follows_the_queries_device():
+    q = torch.randn(1, 3, 4, device="meta")
+    out, _ = attention(q, q, q, causal_mask(3), impl="sdpa")
+    assert out.device.type == "meta"

@@ -14,7 +14,11 @@ from course_attn.data import CharCorpus
 from course_attn.model import GPTConfig, MiniGPT
 from course_attn.tasks import CopyTask, RecallTask
 from course_attn.train import (
+    PRESETS,
     TrainConfig,
+    amp_dtype,
+    check_preset_device,
+    gpu_peak_flops,
     learning_rate,
     load_checkpoint,
     main,
@@ -78,6 +82,78 @@ def test_train_records_history_and_speed():
     metrics = result.to_metrics()
     assert metrics["torch_version"] == torch.__version__
     json.dumps(metrics)  # plain data only
+
+
+def test_losses_are_read_back_in_stretches_but_every_iteration_is_kept(monkeypatch):
+    """One read-back (a host-device sync on a GPU) per log_interval, not per iteration."""
+    read_backs = []
+    real_tolist = torch.Tensor.tolist
+
+    def counting_tolist(self):
+        read_backs.append(self.numel())
+        return real_tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+    result = train(tiny_model(), TASK, quick(max_iters=25, eval_interval=25, log_interval=10))
+    assert len(result.train_losses) == 25 and all(math.isfinite(x) for x in result.train_losses)
+    # the first iteration alone (warm-up, left out of the timing), then 9, 10 and the last 5
+    assert read_backs == [1, 9, 10, 5]
+    with pytest.raises(ValueError, match="log_interval"):
+        TrainConfig(log_interval=0)
+
+
+@pytest.mark.parametrize(
+    ("device", "amp", "bf16_native", "expected"),
+    [
+        ("cuda", True, True, torch.bfloat16),  # A100, H100: native bf16, no scaler
+        ("cuda:1", True, True, torch.bfloat16),
+        ("cuda", True, False, torch.float16),  # T4, V100: fp16 with a GradScaler
+        ("cuda", False, True, None),  # --no-amp
+        ("cpu", True, True, None),  # the CPU trains in float32
+        ("mps", True, False, None),
+    ],
+)
+def test_mixed_precision_follows_what_the_gpu_supports_natively(device, amp, bf16_native,
+                                                                 expected):
+    assert amp_dtype(device, amp=amp, bf16_native=bf16_native) is expected
+
+
+def test_mixed_precision_asks_torch_about_native_bf16_only(monkeypatch):
+    asked = []
+
+    def is_bf16_supported(including_emulation=True):
+        asked.append(including_emulation)
+        return including_emulation  # a T4: emulated bf16 only
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert amp_dtype(torch.device("cuda")) is torch.float16
+    assert asked == [False]
+
+
+def test_the_gpu_preset_refuses_a_cpu_and_says_what_it_would_cost():
+    with pytest.raises(ValueError) as error:
+        check_preset_device("gpu", "cpu", cpu_flops=100e9)
+    message = str(error.value)
+    sizes = PRESETS["gpu"]
+    tokens = sizes["max_iters"] * sizes["batch_size"] * sizes["block_size"]
+    with torch.device("meta"):
+        model = MiniGPT(GPTConfig(vocab_size=65, block_size=sizes["block_size"],
+                                  n_layer=sizes["n_layer"], n_head=sizes["n_head"],
+                                  d_model=sizes["d_model"]))
+    hours = model.flops_per_token() * tokens / 100e9 / 3600
+    assert f"{model.num_parameters() / 1e6:.1f}M-parameter" in message
+    assert f"at least {hours:.0f} hours" in message and "--device cpu" in message
+    check_preset_device("gpu", "cuda", cpu_flops=100e9)  # a GPU: fine
+    check_preset_device("cpu", "cpu")  # the cpu preset: fine
+    with pytest.raises(ValueError, match="preset"):
+        check_preset_device("tpu", "cpu")
+
+
+def test_flops_per_token_follows_the_palm_estimate():
+    model = tiny_model()
+    c = model.config
+    weights = model.num_parameters(non_embedding=True)
+    assert model.flops_per_token() == 6 * weights + 12 * c.n_layer * c.block_size * c.d_model
 
 
 def test_training_lowers_the_loss_on_the_copy_task():
@@ -216,9 +292,30 @@ def test_cli_bad_input_exits_with_code_2(args, message, corpus_file, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_cli_gpu_preset_without_a_gpu_stops_before_training(monkeypatch, capsys):
+    import course_attn.train as trainer
+
+    monkeypatch.setattr(trainer, "pick_device", lambda preferred=None: torch.device("cpu"))
+    monkeypatch.setattr(trainer, "train", lambda *a, **k: pytest.fail("training started"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--task", "copy", "--preset", "gpu"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--preset gpu" in err and "no GPU was found" in err and "hours" in err
+
+
 def test_cli_help_runs_as_a_module_without_warnings():
     done = subprocess.run([sys.executable, "-W", "error", "-m", "course_attn.train", "--help"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     for flag in ("--data", "--task", "--preset", "--resume", "--metrics-out", "--impl"):
         assert flag in done.stdout
+
+
+def test_gpu_peak_flops_table():
+    assert gpu_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert gpu_peak_flops("NVIDIA H100 PCIe") == 756e12  # the PCIe card is slower
+    assert gpu_peak_flops("Tesla T4") == 65e12 and gpu_peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
+    assert gpu_peak_flops("a CPU") is None
+    with pytest.raises(TypeError, match="name"):
+        gpu_peak_flops(None)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ __all__ = [
     "check_positive_real",
     "check_probability",
     "check_tensor",
+    "values_checkable",
 ]
 
 
@@ -115,3 +116,16 @@ def check_bool_mask(value: object, name: str, target_shape: Sequence[int]) -> Te
             f"scores' shape {tuple(target_shape)}"
         )
     return value
+
+
+def values_checkable(tensor: Tensor) -> bool:
+    """Whether a check may read ``tensor``'s values (token ids in range, say).
+
+    Only on the CPU, in eager mode. On a GPU each read is a host-device
+    synchronisation that stalls the pipeline at every forward; under
+    ``torch.compile`` it is a graph break; on the ``meta`` device there are no
+    values. There the checks that need values are skipped: an out-of-range id
+    then fails inside the embedding (on CUDA, a device-side assert). Run the
+    same input on the CPU to get the clear message.
+    """
+    return tensor.device.type == "cpu" and not torch.compiler.is_compiling()

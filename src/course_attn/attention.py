@@ -49,17 +49,35 @@ def _check_qkv(q: object, k: object, v: object) -> tuple[Tensor, Tensor, Tensor]
 
 
 def _check_options(mask: object, q: Tensor, k: Tensor, is_causal: object, scale: object,
-                   dropout_p: object) -> float:
-    """Validate the options shared by both paths; return the scale to use."""
+                   dropout_p: object) -> tuple[Tensor | None, float]:
+    """Validate the options shared by both paths; return the mask on q's device and the scale."""
     if mask is not None:
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
         check_bool_mask(mask, "mask", (*batch, q.shape[-2], k.shape[-2]))
+        mask = mask.to(q.device)  # a mask built on the CPU follows q to the GPU (no-op if there)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
     check_probability(dropout_p, "dropout_p")
     if scale is None:
-        return 1.0 / math.sqrt(q.shape[-1])
-    return check_positive_real(scale, "scale")
+        return mask, 1.0 / math.sqrt(q.shape[-1])
+    return mask, check_positive_real(scale, "scale")
+
+
+def _with_causal(mask: Tensor | None, q: Tensor, k: Tensor) -> Tensor:
+    """``mask`` AND the bottom-right causal mask ``(T_q, T_k)``, made on q's device."""
+    causal = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (T_q, T_k)
+    return causal if mask is None else mask & causal
+
+
+def _zero_unreachable_keys(k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Zero the keys and values that no query may attend to (padding).
+
+    A padded slot may hold anything, NaN or inf included. Its weight is 0, but
+    0 * NaN = NaN, so without this a NaN in a pad's value would reach every real
+    token's output through the weights @ values product (on both paths).
+    """
+    reachable = mask.any(dim=-2).unsqueeze(-1)  # (..., T_q, T_k) -> (..., T_k, 1)
+    return k.masked_fill(~reachable, 0.0), v.masked_fill(~reachable, 0.0)
 
 
 def scaled_dot_product_attention(
@@ -90,10 +108,11 @@ def scaled_dot_product_attention(
         PyTorch's fused attention. Softmax runs in float32 for half-precision inputs.
     """
     q, k, v = _check_qkv(q, k, v)
-    scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
+    mask, scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
     if is_causal:
-        causal = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (T_q, T_k)
-        mask = causal if mask is None else mask & causal
+        mask = _with_causal(mask, q, k)  # (..., T_q, T_k)
+    if mask is not None:
+        k, v = _zero_unreachable_keys(k, v, mask)
 
     # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)
     attn_scores = (q @ k.transpose(-2, -1)) * scale
@@ -132,18 +151,34 @@ def attention(
     is ``"manual"`` (returns the weights) or ``"sdpa"`` (PyTorch's fused kernel,
     faster and lighter on memory, returns ``None`` for the weights, which it
     never materialises).
+
+    On the fused path, plain causal self-attention (``is_causal=True``, no other
+    mask, ``T_q == T_k``) is passed to PyTorch as ``is_causal=True`` with no mask
+    tensor: that is what lets it pick the FlashAttention kernel. Every other
+    masked call gets one explicit boolean mask (the causal part bottom-right
+    aligned, as the cache needs), and rows without any allowed key are set to
+    zero afterwards, because PyTorch's GPU kernels do not promise zeros there in
+    float16 and bfloat16.
     """
     check_choice(impl, "impl", ATTENTION_IMPLS)
     if impl == "manual":
         return scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
                                             dropout_p=dropout_p)
     q, k, v = _check_qkv(q, k, v)
-    scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
+    mask, scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
+    if is_causal and mask is None and q.shape[-2] == k.shape[-2]:
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
+                                             scale=scale)  # (..., T_q, d_v)
+        return out, None
     if is_causal:
         # PyTorch's is_causal aligns top-left when T_q != T_k; the course aligns
-        # bottom-right (cache decoding), so pass the causal mask explicitly.
-        causal = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (T_q, T_k)
-        mask = causal if mask is None else mask & causal
+        # bottom-right (cache decoding), so the causal part goes into the mask.
+        mask = _with_causal(mask, q, k)  # (..., T_q, T_k)
+    if mask is None:
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+        return out, None  # (..., T_q, d_v)
+    k, v = _zero_unreachable_keys(k, v, mask)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                          scale=scale)  # (..., T_q, d_v)
-    return out, None
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+    return out.masked_fill(~has_key, 0.0), None

@@ -16,7 +16,7 @@ import sysconfig
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,6 +34,7 @@ __all__ = [
     "download_tiny_shakespeare",
     "get_batch",
     "load_text",
+    "to_device",
     "train_val_split",
 ]
 
@@ -199,7 +200,10 @@ def get_batch(
 
     ``y[b, t] = x[b, t + 1]``'s successor in the text, i.e. ``y`` is ``x``
     shifted left by one. The window starts come from ``generator`` (a seeded
-    ``torch.Generator`` makes batches reproducible; its state can be saved).
+    CPU ``torch.Generator`` makes batches reproducible; its state can be saved).
+    The windows are cut on ``data``'s own device: when ``data`` already lives on
+    the GPU, only the ``B`` start indices cross from the host (see :func:`to_device`).
+    ``device`` is where ``x`` and ``y`` go (default: ``data``'s device).
     """
     check_positive_int(batch_size, "batch_size")
     check_positive_int(block_size, "block_size")
@@ -211,12 +215,28 @@ def get_batch(
             "use a longer text or a smaller block_size"
         )
     starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)  # (B,)
-    offsets = torch.arange(block_size)  # (T,)
-    index = starts[:, None] + offsets[None, :]  # (B, T)
+    starts = to_device(starts, data.device)  # (B,) index tensor, copied without blocking
+    offsets = torch.arange(block_size, device=data.device)  # (T,)
+    index = starts[:, None] + offsets[None, :]  # (B, 1) + (1, T) -> (B, T)
     x, y = data[index], data[index + 1]  # (B, T), (B, T)
     if device is not None:
-        x, y = x.to(device), y.to(device)
+        x, y = to_device(x, device), to_device(y, device)
     return x, y
+
+
+def to_device(tensor: Tensor, device: torch.device | str) -> Tensor:
+    """Move ``tensor`` to ``device`` without making the host wait for the GPU.
+
+    A copy from ordinary (pageable) host memory to CUDA blocks the Python thread
+    until the GPU has finished all its queued work. From page-locked ("pinned")
+    memory with ``non_blocking=True`` the copy is queued like a kernel instead,
+    so the host can prepare the next step meanwhile (nanoGPT's ``get_batch``
+    does the same). On other devices it is a plain ``.to(device)``.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 @dataclass(frozen=True, eq=False)
@@ -226,6 +246,9 @@ class CharCorpus:
     tokenizer: CharTokenizer
     train_data: Tensor
     val_data: Tensor
+    # Copies of the splits on the devices batches were asked for, made once each: the
+    # text (a few MB of ids) then stays on the GPU and a batch is cut there.
+    _on_device: dict = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def from_text(cls, text: str, train_fraction: float = 0.9) -> CharCorpus:
@@ -251,7 +274,12 @@ class CharCorpus:
         """A random batch ``(x, y)``, both ``(B, T)``, from the ``"train"`` or ``"val"`` split."""
         check_choice(split, "split", ("train", "val"))
         data = self.train_data if split == "train" else self.val_data
-        return get_batch(data, batch_size, block_size, generator=generator, device=device)
+        if device is not None and torch.device(device) != data.device:
+            key = (split, str(torch.device(device)))
+            if key not in self._on_device:
+                self._on_device[key] = data.to(device)
+            data = self._on_device[key]
+        return get_batch(data, batch_size, block_size, generator=generator)
 
 
 def _sha256(path: Path) -> str:

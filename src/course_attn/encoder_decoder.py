@@ -28,6 +28,7 @@ from ._validation import (
     check_positive_int,
     check_probability,
     check_tensor,
+    values_checkable,
 )
 from .layers import KVCache, PositionalEncoding, TransformerBlock
 
@@ -103,7 +104,8 @@ def _check_tokens(tokens: object, name: str, vocab_size: int) -> Tensor:
         raise TypeError(f"{name} must hold token ids as torch.long, got dtype {tokens.dtype}")
     if tokens.shape[1] == 0:
         raise ValueError(f"{name} must hold at least one token, got shape {tuple(tokens.shape)}")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+    if values_checkable(tokens) and tokens.numel() and (
+            int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         raise ValueError(f"{name} must hold ids in [0, {vocab_size}), got values in "
                          f"[{int(tokens.min())}, {int(tokens.max())}]")
     return tokens

@@ -18,6 +18,7 @@ from ._validation import (
     check_positive_real,
     check_probability,
     check_tensor,
+    values_checkable,
 )
 from .attention import ATTENTION_IMPLS, attention
 from .masks import combine_masks
@@ -193,11 +194,16 @@ class MultiHeadAttention(nn.Module):
                              f"B={query.shape[0]}, got {tuple(attn_mask.shape)}")
         if not isinstance(need_weights, bool):
             raise TypeError(f"need_weights must be a bool, got {need_weights!r}")
+        if not isinstance(is_causal, bool):
+            raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+        # The causal part stays a flag: attention() turns it into the fused kernel's
+        # is_causal=True when nothing else is masked (FlashAttention-eligible).
         mask = combine_masks(q.shape[2], k.shape[2], attn_mask=attn_mask,
-                             key_padding_mask=key_padding_mask, is_causal=is_causal)
+                             key_padding_mask=key_padding_mask, device=q.device)
         dropout_p = self.dropout if self.training else 0.0
         impl = "manual" if need_weights else self.impl
-        out, attn_weights = attention(q, k, v, mask, dropout_p=dropout_p, impl=impl)
+        out, attn_weights = attention(q, k, v, mask, is_causal=is_causal, dropout_p=dropout_p,
+                                      impl=impl)
         out = self.out_proj(merge_heads(out))  # (B, H, T_q, head_dim) -> (B, T_q, D)
         return (out, attn_weights) if need_weights else out
 
@@ -271,7 +277,8 @@ class PositionalEncoding(nn.Module):
         elif positions.shape not in (x.shape[:2], x.shape[1:2]):
             raise ValueError(f"positions must have shape (B, T)={tuple(x.shape[:2])} or (T,), "
                              f"got {tuple(positions.shape)}")
-        if positions.numel() and (positions.min() < 0 or positions.max() >= max_len):
+        if values_checkable(positions) and positions.numel() and (
+                positions.min() < 0 or positions.max() >= max_len):
             raise ValueError(f"positions must lie in [0, max_len={max_len}), got "
                              f"[{int(positions.min())}, {int(positions.max())}]")
         return self.dropout(x + self.table[positions].to(x.dtype))  # (B, T, D)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ._validation import check_bool_mask, check_choice, check_positive_int
+from ._validation import check_bool_mask, check_choice, check_positive_int, values_checkable
 
 __all__ = [
     "causal_mask",
@@ -63,24 +63,26 @@ def padding_mask(
     if isinstance(lengths, Tensor):
         if lengths.dtype in (torch.bool,) or lengths.is_floating_point() or lengths.is_complex():
             raise TypeError(f"lengths must hold integers, got dtype {lengths.dtype}")
-        lengths_t = lengths.to(device=device if device is not None else lengths.device)
+        lengths_t = lengths
     else:
         values = list(lengths)
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in values):
             raise TypeError(f"lengths must be a sequence of ints, got {values!r}")
-        lengths_t = torch.tensor(values, dtype=torch.long, device=device)
+        lengths_t = torch.tensor(values, dtype=torch.long)  # checked on the CPU, then moved
     if lengths_t.dim() != 1 or lengths_t.numel() == 0:
         raise ValueError(f"lengths must be a non-empty 1-D sequence (B,), got shape "
                          f"{tuple(lengths_t.shape)}")
     if max_len is None:
-        max_len = int(lengths_t.max())
+        max_len = int(lengths_t.max())  # reads a value: give max_len to avoid it on a GPU
         if max_len < 1:
             raise ValueError(f"lengths must contain a positive length when max_len is not "
                              f"given, got {lengths_t.tolist()}")
     max_len = check_positive_int(max_len, "max_len")
-    if (lengths_t < 0).any() or (lengths_t > max_len).any():
+    if values_checkable(lengths_t) and ((lengths_t < 0).any() or (lengths_t > max_len).any()):
         raise ValueError(f"every length must be in [0, max_len={max_len}], "
                          f"got {lengths_t.tolist()}")
+    if device is not None:
+        lengths_t = lengths_t.to(device)
     positions = torch.arange(max_len, device=lengths_t.device).unsqueeze(0)  # (1, max_len)
     lengths_col = lengths_t.unsqueeze(1)  # (B, 1)
     if side == "right":
@@ -114,6 +116,7 @@ def combine_masks(
     attn_mask: Tensor | None = None,
     key_padding_mask: Tensor | None = None,
     is_causal: bool = False,
+    device: torch.device | str | None = None,
 ) -> Tensor | None:
     """AND together the masks one attention call may get; ``None`` if nothing is masked.
 
@@ -122,6 +125,10 @@ def combine_masks(
         attn_mask: bool ``(T_q, T_k)`` or ``(B, T_q, T_k)``, ``True`` = may attend.
         key_padding_mask: bool ``(B, T_k)``, ``True`` on real keys.
         is_causal: add ``causal_mask(t_q, t_k)`` (bottom-right aligned).
+        device: where the returned mask lives (the other masks are moved there);
+            ``None`` means the device of the other masks, else the default device.
+            Attention layers pass their queries' device, so no mask stays behind
+            on the CPU while the model runs on a GPU.
 
     Returns:
         bool mask broadcastable to ``(B, H, T_q, T_k)``: ``(T_q, T_k)``, or
@@ -133,9 +140,10 @@ def combine_masks(
         if value is not None and not isinstance(value, Tensor):
             raise TypeError(f"{name} must be a boolean torch.Tensor or None, got "
                             f"{type(value).__name__}")
+    if device is None:
+        device = next((m.device for m in (attn_mask, key_padding_mask) if m is not None), None)
     mask: Tensor | None = None
     if is_causal:
-        device = next((m.device for m in (attn_mask, key_padding_mask) if m is not None), None)
         mask = causal_mask(t_q, t_k, device=device)  # (T_q, T_k)
     if attn_mask is not None:
         if attn_mask.dim() not in (2, 3):
@@ -147,6 +155,7 @@ def combine_masks(
                              f"(B, {t_q}, {t_k}), got {tuple(attn_mask.shape)}")
         if attn_mask.dim() == 3:
             attn_mask = attn_mask.unsqueeze(1)  # (B, T_q, T_k) -> (B, 1, T_q, T_k)
+        attn_mask = attn_mask.to(device)
         mask = attn_mask if mask is None else mask & attn_mask
     if key_padding_mask is not None:
         if key_padding_mask.dim() != 2:
@@ -156,6 +165,6 @@ def combine_masks(
         if key_padding_mask.shape[1] != t_k:
             raise ValueError(f"key_padding_mask must have shape (B, T_k) with T_k={t_k}, "
                              f"got {tuple(key_padding_mask.shape)}")
-        kpm = key_padding_mask[:, None, None, :]  # (B, T_k) -> (B, 1, 1, T_k)
+        kpm = key_padding_mask[:, None, None, :].to(device)  # (B, T_k) -> (B, 1, 1, T_k)
         mask = kpm if mask is None else mask & kpm
     return mask

@@ -18,9 +18,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validation import check_choice, check_positive_int, check_positive_real, check_probability
+from ._validation import (
+    check_choice,
+    check_positive_int,
+    check_positive_real,
+    check_probability,
+    values_checkable,
+)
 from .attention import ATTENTION_IMPLS
 from .layers import KVCache, TransformerBlock
+from .masks import causal_mask
 
 __all__ = ["GPTConfig", "MiniGPT"]
 
@@ -111,6 +118,18 @@ class MiniGPT(nn.Module):
         total = sum(p.numel() for p in self.parameters())
         return total - self.pos_emb.weight.numel() if non_embedding else total
 
+    def flops_per_token(self) -> int:
+        """Floating-point operations to train on one token: forward and backward (chapter 8).
+
+        The estimate of the PaLM paper that nanoGPT uses: ``6 N`` for the weights
+        (2 per weight forward, 4 backward) plus ``12 L T D`` for the attention
+        scores and the weighted sum over a full context of ``T = block_size``
+        (``N`` without the position table, ``L`` layers, width ``D``).
+        """
+        c = self.config
+        attention = 12 * c.n_layer * c.block_size * c.d_model
+        return 6 * self.num_parameters(non_embedding=True) + attention
+
     def new_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per block, for incremental decoding (chapter 7)."""
         return [KVCache() for _ in self.blocks]
@@ -123,7 +142,8 @@ class MiniGPT(nn.Module):
             raise TypeError(f"{name} must have dtype torch.long (token ids), got {idx.dtype}")
         if idx.dim() != 2 or idx.shape[1] == 0:
             raise ValueError(f"{name} must have shape (B, T) with T >= 1, got {tuple(idx.shape)}")
-        if idx.numel() and (idx.min() < 0 or idx.max() >= self.config.vocab_size):
+        if values_checkable(idx) and idx.numel() and (
+                idx.min() < 0 or idx.max() >= self.config.vocab_size):
             raise ValueError(f"{name} must hold token ids in [0, vocab_size="
                              f"{self.config.vocab_size}), got values in [{int(idx.min())}, "
                              f"{int(idx.max())}]")
@@ -138,7 +158,7 @@ class MiniGPT(nn.Module):
         if tuple(mask.shape) != shape:
             raise ValueError(f"attention_mask must have shape (B, T)={shape}, "
                              f"got {tuple(mask.shape)}")
-        if not mask.any(dim=1).all():
+        if values_checkable(mask) and not mask.any(dim=1).all():
             raise ValueError("attention_mask has a row without any real token (all False)")
         return mask
 
@@ -184,15 +204,24 @@ class MiniGPT(nn.Module):
                              + f"), more than block_size={self.config.block_size}")
         if attention_mask is not None:
             self._check_attention_mask(attention_mask, (batch, past + time))
+            attention_mask = attention_mask.to(idx.device)
             # Position of each token = number of real tokens before it in its row.
             positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, past+T)
             positions = positions[:, past:]  # (B, T)
         else:
             positions = torch.arange(past, past + time, device=idx.device)  # (T,)
+        # The mask every block uses, prepared once. Plain causal self-attention needs
+        # none: the blocks get is_causal=True, which the fused path hands to PyTorch's
+        # FlashAttention-eligible kernel. Padding or a cache make it explicit.
+        mask = None
+        if attention_mask is not None or past:
+            mask = causal_mask(time, past + time, device=idx.device)  # (T, past+T)
+            if attention_mask is not None:
+                mask = mask & attention_mask[:, None, :]  # (B, T, past+T): no padded key
 
         x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))  # (B, T, D)
         for i, block in enumerate(self.blocks):
-            x = block(x, key_padding_mask=attention_mask, is_causal=True,
+            x = block(x, attn_mask=mask, is_causal=mask is None,
                       cache=None if caches is None else caches[i])  # (B, T, D)
         logits = self.lm_head(self.ln_f(x))  # (B, T, D) @ (D, V) -> (B, T, V)
 
@@ -203,7 +232,8 @@ class MiniGPT(nn.Module):
         if targets.shape != idx.shape:
             raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, "
                              f"got {tuple(targets.shape)}")
-        if targets.numel() and (targets.min() < -1 or targets.max() >= self.config.vocab_size):
+        if values_checkable(targets) and targets.numel() and (
+                targets.min() < -1 or targets.max() >= self.config.vocab_size):
             raise ValueError(f"targets must hold ids in [0, {self.config.vocab_size}) or -1 "
                              f"(ignored), got values in [{int(targets.min())}, "
                              f"{int(targets.max())}]")
@@ -302,8 +332,8 @@ class MiniGPT(nn.Module):
         if attention_mask is None:
             mask = torch.ones_like(idx, dtype=torch.bool)
         else:
-            mask = self._check_attention_mask(attention_mask, tuple(idx.shape))
-            if (mask[:, 1:].long() < mask[:, :-1].long()).any():
+            mask = self._check_attention_mask(attention_mask, tuple(idx.shape)).to(idx.device)
+            if values_checkable(mask) and (mask[:, 1:].long() < mask[:, :-1].long()).any():
                 raise ValueError("attention_mask must describe left padding (False... then "
                                  "True... in every row): generation appends on the right")
 

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ._validation import check_choice, check_positive_int
+from .data import to_device
 
 __all__ = ["TASKS", "CopyTask", "RecallTask", "induction_attention_score", "make_task",
            "offset_attention_score"]
@@ -48,10 +49,9 @@ class _NextTokenTask:
             raise ValueError(f"block_size must be {self.block_size} (= {self._block_rule}) for "
                              f"the {type(self).__name__}, got {block_size}")
         seq = self.sample(batch_size, generator=generator)  # (B, T + 1)
-        x, y = seq[:, :-1], seq[:, 1:]  # (B, T), (B, T)
         if device is not None:
-            x, y = x.to(device), y.to(device)
-        return x, y
+            seq = to_device(seq, device)  # one non-blocking copy (pinned memory on CUDA)
+        return seq[:, :-1], seq[:, 1:]  # (B, T), (B, T)
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,13 @@
 
 nanoGPT's recipe, written for reading: AdamW (weight decay on matrices only),
 linear warmup then cosine decay of the learning rate, gradient clipping,
-periodic evaluation on held-out data, bf16 autocast on CUDA, optional
-``torch.compile``. Checkpoints are plain dicts of tensors and numbers, loaded
-with ``torch.load(weights_only=True)``; they hold every random state, so a
-resumed run repeats the uninterrupted run's losses exactly (on CPU).
+periodic evaluation on held-out data, mixed precision on CUDA (bf16 where the
+GPU has it natively, else fp16 with a gradient scaler), optional
+``torch.compile``. The loop keeps a GPU busy: batches are copied without
+blocking, and losses are read back only every ``log_interval`` iterations.
+Checkpoints are plain dicts of tensors and numbers, loaded with
+``torch.load(weights_only=True)``; they hold every random state, so a resumed
+run repeats the uninterrupted run's losses exactly (on CPU).
 """
 
 from __future__ import annotations
@@ -26,18 +29,22 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ._validation import check_positive_int, check_positive_real
+from ._validation import check_choice, check_positive_int, check_positive_real
 from .data import CharCorpus, CharTokenizer, default_corpus, load_text
 from .env import pick_device
 from .model import GPTConfig, MiniGPT
 from .tasks import TASKS, CopyTask, RecallTask, make_task
 
 __all__ = [
+    "GPU_PEAK_FLOPS",
     "PRESETS",
     "BatchSource",
     "TrainConfig",
     "TrainResult",
+    "amp_dtype",
+    "check_preset_device",
     "estimate_loss",
+    "gpu_peak_flops",
     "learning_rate",
     "load_checkpoint",
     "main",
@@ -65,8 +72,10 @@ class TrainConfig:
     follows a cosine down to ``min_lr`` (default ``lr / 10``) at
     ``lr_decay_iters`` (default ``max_iters``). ``grad_clip=0`` disables
     clipping. Every ``eval_interval`` iterations (and at the end) the mean loss
-    over ``eval_iters`` batches of each split is recorded. ``device=None``
-    picks cuda, then mps, then cpu. ``amp`` uses bf16 autocast on CUDA.
+    over ``eval_iters`` batches of each split is recorded. The training losses
+    are read back from the device every ``log_interval`` iterations (each read
+    makes the host wait for the GPU). ``device=None`` picks cuda, then mps,
+    then cpu. ``amp`` turns on mixed precision on CUDA (see :func:`amp_dtype`).
     """
 
     max_iters: int = 2000
@@ -81,6 +90,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_interval: int = 250
     eval_iters: int = 20
+    log_interval: int = 10
     seed: int = 1337
     device: str | None = None
     amp: bool = True
@@ -88,7 +98,7 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("max_iters", "batch_size", "eval_interval", "eval_iters"):
+        for name in ("max_iters", "batch_size", "eval_interval", "eval_iters", "log_interval"):
             check_positive_int(getattr(self, name), name)
         for name in ("warmup_iters", "seed"):
             value = getattr(self, name)
@@ -182,13 +192,39 @@ def _make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
+    # Fused on CUDA: one kernel for all tensors, and the fp16 scaler's checks without a sync.
+    # Not on the CPU: there it saves only ~4 %, and its vectorised kernel rounds differently
+    # with AVX-512 and without, which changed chapter 8's trained text on other CPUs.
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
                              fused=device.type == "cuda")
 
 
-def _autocast(device: torch.device, config: TrainConfig):
-    enabled = config.amp and device.type == "cuda" and torch.cuda.is_bf16_supported()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
+def amp_dtype(device: torch.device | str, *, amp: bool = True,
+              bf16_native: bool | None = None) -> torch.dtype | None:
+    """The autocast dtype for training on ``device``, or ``None`` for plain float32 (chapter 8).
+
+    * CUDA with native bfloat16 (compute capability 8.0 and newer: A100, H100,
+      RTX 30xx and later): ``torch.bfloat16``. It has float32's range, so it
+      needs no loss scaling.
+    * Older CUDA GPUs, such as Colab's free T4 (7.5): ``torch.float16``, with a
+      ``GradScaler`` in :func:`train`. They only emulate bfloat16, slowly, and
+      ``torch.cuda.is_bf16_supported()`` says True there unless asked about
+      native support.
+    * CPU, MPS, or ``amp=False``: ``None``.
+
+    ``bf16_native=None`` asks ``torch.cuda.is_bf16_supported(including_emulation=False)``;
+    tests pass it explicitly to cover each kind of GPU on any machine.
+    """
+    device = torch.device(device)
+    if not amp or device.type != "cuda":
+        return None
+    if bf16_native is None:
+        bf16_native = torch.cuda.is_bf16_supported(including_emulation=False)
+    return torch.bfloat16 if bf16_native else torch.float16
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None)
 
 
 @torch.no_grad()
@@ -202,6 +238,7 @@ def estimate_loss(model: nn.Module, data: BatchSource, config: TrainConfig, *,
     run's random state is never disturbed.
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    dtype = amp_dtype(device, amp=config.amp)
     block_size = model.config.block_size
     was_training = model.training
     model.eval()
@@ -212,10 +249,10 @@ def estimate_loss(model: nn.Module, data: BatchSource, config: TrainConfig, *,
         for _ in range(config.eval_iters):
             x, y = data.get_batch(split, config.batch_size, block_size, generator=generator,
                                   device=device)
-            with _autocast(device, config):
+            with _autocast(device, dtype):
                 _, loss = model(x, y)
-            losses.append(loss.item())
-        out[split] = sum(losses) / len(losses)
+            losses.append(loss.float())
+        out[split] = torch.stack(losses).mean().item()  # one read-back per split
     model.train(was_training)
     return out
 
@@ -285,6 +322,9 @@ def train(
     device = pick_device(config.device)
     model.to(device)
     optimizer = _make_optimizer(model, config, device)
+    dtype = amp_dtype(device, amp=config.amp)
+    # fp16 gradients underflow without scaling; bf16 and float32 need none (a no-op then).
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     generator = torch.Generator().manual_seed(config.seed)  # data order (CPU, saveable)
     torch.manual_seed(config.seed)  # dropout
     result = TrainResult(n_params=model.num_parameters(), device=str(device))
@@ -297,6 +337,8 @@ def train(
                              f"{checkpoint['model_config']} != {dataclasses.asdict(model.config)}")
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
+        if checkpoint.get("scaler"):
+            scaler.load_state_dict(checkpoint["scaler"])
         start = int(checkpoint["iter"])
         generator.set_state(checkpoint["rng"]["data"])
         torch.set_rng_state(checkpoint["rng"]["torch"])
@@ -312,6 +354,7 @@ def train(
             "train_config": dataclasses.asdict(config),
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(),
             "iter": it,
             "rng": {"data": generator.get_state(), "torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None},
@@ -323,37 +366,57 @@ def train(
     step_model = torch.compile(model) if config.compile else model
     block_size = model.config.block_size
     model.train()
+    pending: list[Tensor] = []  # this stretch's losses, still on the device
+
+    def read_back_losses() -> None:
+        values = torch.stack(pending).tolist() if pending else []  # waits for the device
+        result.train_losses.extend(values)
+        pending.clear()
+        if values:
+            bar.set_postfix(loss=f"{values[-1]:.4f}", refresh=False)
+
+    # Timing: the clock is read only where the host has just waited for the device
+    # (a read-back), so queued GPU work is never missed; the first iteration (kernel
+    # selection, torch.compile) and evaluations are left out.
     train_seconds, timed_iters = 0.0, 0
     t_start = time.perf_counter()
+    mark_time, mark_iter = t_start, start
     bar = tqdm(range(start, config.max_iters), initial=start, total=config.max_iters,
                disable=not config.progress, desc="train", leave=True)
     for it in bar:
-        t0 = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(it, config)
         x, y = data.get_batch("train", config.batch_size, block_size, generator=generator,
                               device=device)  # (B, T), (B, T)
-        with _autocast(device, config):
+        with _autocast(device, dtype):
             _, loss = step_model(x, y)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
         if config.grad_clip > 0:
+            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        loss_value = loss.item()  # waits for the device, so the timing below is honest
-        train_seconds += time.perf_counter() - t0
-        timed_iters += 1
-        result.train_losses.append(loss_value)
-        bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
+        scaler.step(optimizer)
+        scaler.update()
+        pending.append(loss.detach())
         done = it + 1
-        if done % config.eval_interval == 0 or done == config.max_iters:
+        evaluate = done % config.eval_interval == 0 or done == config.max_iters
+        warm_up = done == start + 1 and not evaluate
+        if evaluate or warm_up or done % config.log_interval == 0:
+            read_back_losses()
+            now = time.perf_counter()
+            if not warm_up:
+                train_seconds += now - mark_time
+                timed_iters += done - mark_iter
+            mark_time, mark_iter = now, done
+        if evaluate:
             losses = estimate_loss(model, data, config, device=device)
             result.eval_iters.append(done)
             result.eval_train_losses.append(losses["train"])
             result.eval_val_losses.append(losses["val"])
-            bar.set_postfix(loss=f"{loss_value:.4f}", val=f"{losses['val']:.4f}")
+            bar.set_postfix(loss=f"{result.train_losses[-1]:.4f}", val=f"{losses['val']:.4f}")
             if checkpoint_path is not None:
                 save_checkpoint(checkpoint_path, make_checkpoint(done))
+            mark_time = time.perf_counter()  # evaluation is not training time
     bar.close()
     result.elapsed_s = time.perf_counter() - t_start
     if timed_iters:
@@ -372,6 +435,76 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpu": dict(n_layer=6, n_head=6, d_model=384, block_size=256, batch_size=64, dropout=0.2,
                 lr=1e-3, max_iters=5000, eval_interval=250, eval_iters=200, warmup_iters=100),
 }
+
+
+#: Dense bf16/fp16 tensor-core peak FLOP/s of common GPUs, from the vendors' data sheets
+#: (no sparsity), matched in this order against ``torch.cuda.get_device_name()``.
+GPU_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("H200", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10", 125e12),
+    ("V100", 125e12),
+    ("T4", 65e12),
+)
+
+
+def gpu_peak_flops(name: str) -> float | None:
+    """Peak FLOP/s of the GPU called ``name`` (e.g. ``"NVIDIA H100 80GB HBM3"``), or None.
+
+    The denominator of MFU, model FLOPs utilisation: the share of the peak that
+    training achieves (:meth:`MiniGPT.flops_per_token` x tokens per second / peak).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a GPU name (str), got {type(name).__name__}")
+    return next((peak for key, peak in GPU_PEAK_FLOPS if key in name), None)
+
+
+def _cpu_flops_per_second(size: int = 512, repeats: int = 5) -> float:
+    """Best float32 matrix-multiply throughput of this CPU over a few tries (FLOP/s)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def check_preset_device(preset: str, device: torch.device | str, *, vocab_size: int = 65,
+                        cpu_flops: float | None = None) -> None:
+    """Refuse to start the ``gpu`` preset on a CPU, saying what it would cost (chapter 8).
+
+    The estimate is :meth:`MiniGPT.flops_per_token` times the tokens of the
+    whole run, over this CPU's measured matrix-multiply speed (``cpu_flops``,
+    FLOP/s, measured when ``None``): a lower bound, since training never runs
+    as fast as one large matrix product. Any other preset or device passes.
+    Raises ``ValueError`` with the estimate and the two ways on.
+    """
+    check_choice(preset, "preset", tuple(PRESETS))
+    if preset != "gpu" or torch.device(device).type != "cpu":
+        return
+    sizes = PRESETS["gpu"]
+    with torch.device("meta"):  # sizes only: no memory, no time
+        model = MiniGPT(GPTConfig(vocab_size=vocab_size, block_size=sizes["block_size"],
+                                  n_layer=sizes["n_layer"], n_head=sizes["n_head"],
+                                  d_model=sizes["d_model"]))
+    tokens = sizes["max_iters"] * sizes["batch_size"] * sizes["block_size"]
+    flops = model.flops_per_token() * tokens
+    speed = _cpu_flops_per_second() if cpu_flops is None else check_positive_real(
+        cpu_flops, "cpu_flops")
+    hours = flops / speed / 3600
+    raise ValueError(
+        f"the gpu preset trains a {model.num_parameters() / 1e6:.1f}M-parameter model on "
+        f"{tokens / 1e6:.0f}M tokens ({flops:.1e} floating-point operations), and no GPU was "
+        f"found: this CPU multiplies matrices at {speed / 1e9:.0f} GFLOP/s, so it would take "
+        f"at least {hours:.0f} hours. Use the cpu preset, run on a GPU (on Colab: Runtime > "
+        "Change runtime type > GPU), or ask for the CPU explicitly (--device cpu) to run it "
+        "anyway"
+    )
 
 
 def _cli_number(kind: type, expected: str, accept: Callable[[float], bool]):
@@ -429,12 +562,15 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--eval-interval", type=_positive_int)
     group.add_argument("--eval-iters", type=_positive_int)
     group.add_argument("--warmup-iters", type=_non_negative_int)
-    group.add_argument("--device", help="cpu, cuda, cuda:1 or mps (default: best available)")
+    group.add_argument("--device", help="cpu, cuda, cuda:1 or mps (default: best available; "
+                       "the gpu preset refuses to start on a CPU unless --device cpu is given)")
     group.add_argument("--seed", type=_non_negative_int, default=1337)
     group.add_argument("--impl", choices=["manual", "sdpa"], default="sdpa",
                        help="attention path: readable manual or PyTorch's fused (default)")
     group.add_argument("--compile", action="store_true", help="torch.compile the model")
-    group.add_argument("--no-amp", action="store_true", help="no bf16 autocast on CUDA")
+    group.add_argument("--no-amp", action="store_true",
+                       help="no mixed precision on CUDA (default: bf16 where the GPU has it "
+                            "natively, else fp16 with a gradient scaler)")
     parser.add_argument("--out", metavar="CKPT", help="save checkpoints here (plain tensors)")
     parser.add_argument("--resume", metavar="CKPT", help="continue from this checkpoint")
     parser.add_argument("--metrics-out", metavar="JSON",
@@ -507,11 +643,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TypeError, ValueError) as error:
         parser.error(str(error))
 
+    device = pick_device(config.device)
+    if args.device is None:  # an explicit --device cpu is the user's informed choice
+        try:
+            check_preset_device(args.preset, device, vocab_size=vocab_size)
+        except ValueError as error:
+            parser.error(f"--preset {args.preset}: {error}")
     model = MiniGPT(model_config)
     print(f"MiniGPT: {model.num_parameters():,} parameters, "
           f"{model_config.n_layer} layers x {model_config.n_head} heads, width "
           f"{model_config.d_model}, context {model_config.block_size}, vocabulary {vocab_size}; "
-          f"device {pick_device(config.device)}")
+          f"device {device}")
     try:
         result = train(model, data, config, checkpoint_path=args.out, resume_from=resume,
                        meta=meta)
