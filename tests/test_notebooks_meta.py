@@ -136,6 +136,16 @@ def test_hidden_solutions_check_themselves(path):
 
 
 @notebook_params
+def test_exercise_solutions_hide_their_output_too(path):
+    """Folding the code alone would print the answer right under the question."""
+    for cell in _code_cells(_load(path)):
+        if "hide-input" in _tags(cell):
+            assert "hide-output" in _tags(cell), (
+                f"{path.name}: a solution shows its output:\n{_source(cell)[:200]}"
+            )
+
+
+@notebook_params
 def test_ignored_outputs_still_assert(path):
     for cell in _code_cells(_load(path)):
         if "nbval-ignore-output" in _tags(cell):

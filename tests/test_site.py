@@ -173,3 +173,14 @@ def test_checker_reports_broken_math_with_page_and_formula(browser, site, tmp_pa
             + "\n".join(failures))
     assert report.formulas > 0, "MathJax typeset nothing on the broken copy"
     assert any("request to another host" in line for line in failures)
+
+
+@pytest.mark.parametrize("doc", CHAPTERS)
+def test_exercise_solutions_hide_their_output_on_the_site(site, doc):
+    """A solution's output is its answer: the page must fold it away with the code."""
+    html = (site / f"{doc}.html").read_text(encoding="utf-8")
+    classes = re.findall(r'<div class="cell ([^"]*)"', html)
+    solutions = [c.split() for c in classes if "tag_hide-input" in c.split()]
+    assert solutions, f"{doc}: no exercise solutions found on the page"
+    shown = [c for c in solutions if "tag_hide-output" not in c and "tag_hide-cell" not in c]
+    assert not shown, f"{doc}: {len(shown)} solution(s) show their output on the site"
