@@ -183,7 +183,9 @@ class MultiHeadAttention(nn.Module):
         position, so ``key_padding_mask`` must cover them all.
 
         Returns ``out (B, T_q, D)``, or ``(out, attn_weights (B, H, T_q, T_k))``
-        when ``need_weights=True`` (which uses the manual path).
+        when ``need_weights=True`` (which uses the manual path). Values are never
+        scanned (no host-device sync): NaN or inf inputs propagate, except in
+        padded keys, which are contained (see ``course_attn._validation``).
         """
         self._check_input(query, "query")
         if (key is None) != (value is None):

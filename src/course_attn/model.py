@@ -195,7 +195,9 @@ class MiniGPT(nn.Module):
             targets, 1): exactly ``F.cross_entropy(..., ignore_index=-1)`` when
             at least one target counts, and ``0`` (with zero gradients) when none
             does (all ``-1`` or all padding), where the plain mean would be 0/0 = NaN.
-            No tensor value is read to decide this.
+            No tensor value is read to decide this. Token ids are range-checked
+            on the CPU; activations are never scanned for NaN (see
+            ``course_attn._validation``).
         """
         idx = self._check_idx(idx)
         batch, time = idx.shape
