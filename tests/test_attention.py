@@ -320,3 +320,44 @@ def test_a_cpu_mask_follows_the_queries_device():
     q = torch.randn(1, 3, 4, device="meta")
     out, _ = attention(q, q, q, causal_mask(3), impl="sdpa")
     assert out.device.type == "meta"
+
+
+# ------------------------------------------------ issue 18: zero head size, NaN policy
+
+
+@pytest.mark.parametrize("impl", ATTENTION_IMPLS)
+def test_a_zero_head_size_is_a_value_error_not_a_zero_division(impl):
+    q = k = torch.ones(2, 3, 0)
+    with pytest.raises(ValueError, match=r"q and k must have a head size d_k >= 1"):
+        attention(q, k, torch.ones(2, 3, 4), impl=impl)
+
+
+@pytest.mark.parametrize("impl", ATTENTION_IMPLS)
+def test_nan_policy_attention_never_scans_values_and_propagates_nan(impl):
+    """attention() reads no values (the policy of course_attn._validation): a NaN query
+    spoils its own row only; a NaN key every row that attends to it; a NaN in a key
+    that no query may attend to (padding) is contained."""
+    g = torch.Generator().manual_seed(18)
+    q, k, v = (torch.randn(1, 4, 8, generator=g) for _ in range(3))
+    q[0, 1, 0] = float("nan")  # query 1
+    out, _ = attention(q, k, v, impl=impl)
+    assert torch.isnan(out[0, 1]).all()
+    assert torch.isfinite(out[0, [0, 2, 3]]).all()
+    q[0, 1, 0] = 0.0
+    k[0, 2, 0] = float("nan")  # key 2, attended by every query: every row is NaN
+    out, _ = attention(q, k, v, impl=impl)
+    assert torch.isnan(out).all()
+    mask = torch.tensor([True, True, False, True])  # key 2 is padding: contained
+    out, _ = attention(q, k, v, mask, impl=impl)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("impl", ATTENTION_IMPLS)
+def test_a_one_dimensional_key_mask_broadcasts_like_its_full_form(impl):
+    """A (T_k,) mask broadcasts to (T_q, T_k); it used to crash with an IndexError."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 3, 4, generator=g) for _ in range(3))
+    keys = torch.tensor([True, False, True])
+    out, _ = attention(q, k, v, keys, impl=impl)
+    full, _ = attention(q, k, v, keys.expand(2, 3, 3), impl=impl)
+    assert_close(out, full)

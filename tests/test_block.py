@@ -433,3 +433,48 @@ def test_plot_heatmap_draws_the_matrix_and_rejects_other_ranks():
     with pytest.raises(ValueError, match="matrix must be 2-D"):
         viz.plot_heatmap(torch.zeros(3))
     matplotlib.pyplot.close("all")
+
+
+# ----------------------------------------------- issue 18: dtypes and bool flags
+
+
+def test_feed_forward_names_a_dtype_mismatch_except_under_autocast():
+    ff = FeedForward(D)
+    with pytest.raises(TypeError, match=r"^x has dtype torch.float64 but the layer's weights "
+                                        r"are torch.float32"):
+        ff(torch.randn(2, D, dtype=torch.float64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts mixed dtypes itself
+        out = ff(torch.randn(2, D, dtype=torch.bfloat16))
+    assert out.shape == (2, D) and torch.isfinite(out.float()).all()
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda flag: FeedForward(D, bias=flag),
+        lambda flag: TransformerBlock(D, H, bias=flag),
+        lambda flag: block_gradient_norms(1, norm_first=flag),
+    ],
+    ids=["FeedForward", "TransformerBlock", "block_gradient_norms"],
+)
+def test_bool_flags_refuse_truthy_strings(build):
+    """bias="no" used to build layers *with* a bias; every flag now wants a real bool."""
+    with pytest.raises(TypeError, match=r"must be a bool \(True or False\), got str 'no'"):
+        build("no")
+
+
+def test_feed_forward_and_blocks_pass_nan_through_without_scanning_values():
+    """The NaN policy for modules: no value checks, a NaN stays in its position's row
+    (the feed-forward network acts on each position alone)."""
+    ff = FeedForward(D)
+    x = torch.randn(3, D)
+    x[1, 0] = float("nan")
+    out = ff(x)
+    assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all()
+    block = TransformerBlock(D, H).eval()
+    x = torch.randn(1, 4, D)
+    x[0, 2, 0] = float("nan")
+    assert torch.isnan(block(x)).all()  # every token attends to token 2: no error, NaN
+    # a padded token is contained: its garbage never reaches a real token
+    out = block(x, key_padding_mask=torch.tensor([[True, True, False, True]]))
+    assert torch.isfinite(out[0, [0, 1, 3]]).all() and torch.isnan(out[0, 2]).all()

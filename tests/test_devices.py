@@ -228,3 +228,63 @@ def test_plain_causal_sdpa_uses_is_causal_and_no_mask_tensor(monkeypatch):
     model(idx[:, :5], caches=caches)  # prefill: plain causal, flash-eligible
     model(idx[:, 5:], caches=caches)  # T_q=1 < T_k=6: bottom-right, explicit
     assert calls == [(True, True)] * 2 + [(False, False)] * 2
+
+
+def test_tiny_temperature_sampling_and_empty_targets_on_meta():
+    """The overflow guard of the sampler and the loss's count decide without a value read."""
+    model = meta_gpt("sdpa")
+    out = model.generate(ids(), 2, temperature=1e-45, attention_mask=left_padding())
+    _, loss = model(ids(), torch.full((2, T), -1, dtype=torch.long, device=META))
+    assert out.device == META and loss.device == META and loss.shape == ()
+
+
+# ------------------------------------------------------------ choosing a device
+def _fake_gpus(monkeypatch, count: int) -> None:
+    from course_attn import env
+
+    monkeypatch.setattr(env.torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(env.torch.cuda, "device_count", lambda: count)
+
+
+def test_pick_device_names_a_gpu_index_the_machine_does_not_have(monkeypatch):
+    from course_attn.env import pick_device
+
+    _fake_gpus(monkeypatch, 1)
+    with pytest.raises(ValueError, match=r"^preferred='cuda:7' asks for CUDA device index 7, "
+                                         r"but this machine has 1 CUDA device \(indices 0 to 0\)"):
+        pick_device("cuda:7")
+    assert pick_device("cuda:0") == torch.device("cuda:0")
+    assert pick_device(torch.device("cuda")) == torch.device("cuda")
+    _fake_gpus(monkeypatch, 0)
+    with pytest.raises(ValueError, match=r"^preferred='cuda' but no CUDA device is available"):
+        pick_device("cuda")
+
+
+@pytest.mark.parametrize(
+    ("preferred", "error", "pattern"),
+    [
+        ("meta", ValueError, r"^preferred='meta' is not a device to run on \('meta' tensors"),
+        ("xla", ValueError, r"^preferred='xla' is not a device to run on"),
+        ("cpu:1", ValueError, r"^preferred='cpu:1': there is one CPU device"),
+        ("gpu", ValueError, r"^preferred must name a torch device"),
+        (0, TypeError, r"^preferred must be a device string"),
+    ],
+)
+def test_pick_device_refuses_what_cannot_run_the_course(preferred, error, pattern):
+    from course_attn.env import pick_device
+
+    with pytest.raises(error, match=pattern):
+        pick_device(preferred)
+
+
+def test_seed_everything_checks_the_range_torch_accepts():
+    from course_attn.env import seed_everything
+
+    assert isinstance(seed_everything(2**64 - 1), torch.Generator)
+    with pytest.raises(ValueError, match=r"^seed must be an int in \[0, 2\*\*64 - 1\]"):
+        seed_everything(2**64)
+    with pytest.raises(ValueError, match=r"^seed must be an int in"):
+        seed_everything(-1)
+    with pytest.raises(TypeError, match=r"^seed must be an int"):
+        seed_everything(1.5)
+    seed_everything(0)  # leave the global RNGs in a known state

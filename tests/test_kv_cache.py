@@ -204,3 +204,47 @@ def test_decode_step_seconds_returns_a_time_and_validates():
     with pytest.raises(TypeError, match="use_cache must be a bool"):
         model.greedy_decode(torch.zeros(1, 2, dtype=torch.long),
                             torch.zeros(1, 1, dtype=torch.long), 2, use_cache=1)
+
+
+# --------------------------- issue 18: dtype and device of a cache, right-padded prompts
+
+
+def test_kv_cache_refuses_new_keys_of_another_dtype_or_device_instead_of_promoting():
+    cache = KVCache()
+    cache.update(torch.randn(1, H, 2, 4), torch.randn(1, H, 2, 4))
+    f64 = torch.randn(1, H, 1, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"the cache holds torch.float32 keys but the new k is "
+                                        r"torch.float64"):
+        cache.update(f64, f64)
+    meta = torch.randn(1, H, 1, 4, device="meta")
+    with pytest.raises(ValueError, match=r"the cache holds keys on cpu but the new k is on meta"):
+        cache.update(meta, meta)
+    with pytest.raises(TypeError, match=r"k and v must share a dtype"):
+        cache.update(torch.randn(1, H, 1, 4), f64)
+    assert cache.length == 2 and cache.k.dtype == torch.float32  # nothing was appended
+
+
+def test_a_layer_converted_mid_decoding_is_told_to_reset_its_cache():
+    mha = MultiHeadAttention(D, H)
+    cache = KVCache()
+    mha(torch.randn(2, 3, D), is_causal=True, cache=cache)
+    mha.double()
+    with pytest.raises(TypeError, match=r"cache holds torch.float32 keys.*reset\(\)"):
+        mha(torch.randn(2, 1, D, dtype=torch.float64), is_causal=True, cache=cache)
+    with pytest.raises(TypeError, match=r"^need_weights must be a bool"):
+        mha(torch.randn(2, 1, D, dtype=torch.float64), cache=cache, need_weights="yes")
+    assert cache.length == 3  # a refused call leaves the cache as it was
+
+
+def test_greedy_decode_refuses_a_right_padded_prompt_as_generate_does():
+    model = _model()
+    src = torch.zeros(2, 3, dtype=torch.long)
+    prompt = torch.ones(2, 3, dtype=torch.long)
+    right = padding_mask([3, 2], 3)  # row 1: real, real, pad
+    with pytest.raises(ValueError, match=r"^prompt_key_padding_mask must describe left padding"):
+        model.greedy_decode(src, prompt, 2, prompt_key_padding_mask=right)
+    with pytest.raises(ValueError, match=r"^prompt_key_padding_mask has a row without any real"):
+        model.greedy_decode(src, prompt, 2, prompt_key_padding_mask=padding_mask([3, 0], 3))
+    left = padding_mask([3, 2], 3, side="left")
+    assert model.greedy_decode(src, prompt, 2, prompt_key_padding_mask=left).shape == (2, 5)
+    assert torch.equal(model.greedy_decode(src, prompt, 0), prompt)  # 0 new tokens, as generate

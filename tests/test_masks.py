@@ -507,3 +507,54 @@ def test_plot_mask_draws_the_mask():
         plot_mask(torch.full((2, 2), 0.5))
     with pytest.raises(ValueError, match="x_labels"):
         plot_mask(mask, x_labels=["a"])
+
+
+# ------------------------------------------- issue 18: lengths, batch sizes, devices
+
+
+@pytest.mark.parametrize(("t_q", "t_k", "name"), [(0, 4, "t_q"), (4, 0, "t_k"), (-1, 2, "t_q")])
+def test_combine_masks_refuses_non_positive_lengths_instead_of_returning_none(t_q, t_k, name):
+    with pytest.raises(ValueError, match=rf"^{name} must be a positive int, got"):
+        combine_masks(t_q, t_k)
+
+
+def test_combine_masks_refuses_masks_whose_batch_sizes_disagree():
+    attn_mask = torch.ones(2, 3, 3, dtype=torch.bool)  # B = 2
+    with pytest.raises(ValueError, match=r"attn_mask and key_padding_mask disagree on the "
+                                         r"batch size B: .*B=2.*B=3"):
+        combine_masks(3, 3, attn_mask=attn_mask, key_padding_mask=torch.ones(3, 3, dtype=bool))
+    # B = 1 on either side broadcasts, as before
+    out = combine_masks(3, 3, attn_mask=attn_mask[:1], key_padding_mask=torch.ones(3, 3,
+                                                                                   dtype=bool))
+    assert out.shape == (3, 1, 3, 3)
+
+
+@pytest.mark.parametrize("call", [
+    lambda device: causal_mask(3, device=device),
+    lambda device: padding_mask([2, 1], device=device),
+    lambda device: combine_masks(2, 2, is_causal=True, device=device),
+], ids=["causal_mask", "padding_mask", "combine_masks"])
+def test_mask_builders_name_a_misspelled_or_mistyped_device(call):
+    with pytest.raises(ValueError, match=r"^device must name a torch device .* got 'gpu'"):
+        call("gpu")
+    with pytest.raises(TypeError, match=r"^device must be a torch.device, a string"):
+        call(1.5)
+    assert call(torch.device("meta")).device.type == "meta"
+
+
+@pytest.mark.parametrize("lengths", [None, 3, 2.5, "32"])
+def test_padding_mask_refuses_lengths_that_are_not_a_sequence_of_ints(lengths):
+    with pytest.raises(TypeError, match=r"^lengths must be"):
+        padding_mask(lengths)
+
+
+def test_padding_mask_names_lengths_when_one_is_out_of_range():
+    with pytest.raises(ValueError, match=r"^lengths must each be in \[0, max_len=3\]"):
+        padding_mask([2, 4], 3)
+
+
+def test_mask_converters_refuse_ranks_their_targets_do_not_take():
+    with pytest.raises(ValueError, match=r"^mask must have 1 to 3 dimensions"):
+        to_torch_mha_mask(torch.ones(1, 1, 2, 2, dtype=torch.bool))  # nn.MHA takes <= 3-D
+    with pytest.raises(ValueError, match=r"^mask must have at least one dimension"):
+        to_additive_mask(torch.tensor(True))

@@ -219,3 +219,103 @@ def test_attention_maps_rows_sum_to_one_on_real_keys(impl):
 def test_bad_inputs_raise_clear_errors(call, error, match):
     with pytest.raises(error, match=match):
         call(tiny())
+
+
+# ------------------------------- issue 18: empty loss, B = 0, tiny temperatures, flags
+
+
+def test_loss_is_bit_identical_to_cross_entropy_when_a_target_counts():
+    """The loss is sum / count (no value read); whenever a target counts it must be the
+    very number F.cross_entropy(..., ignore_index=-1) gives, gradients included."""
+    for dtype in (torch.float32, torch.float64):
+        model = tiny().to(dtype).train()
+        g = torch.Generator().manual_seed(5)
+        targets = torch.randint(-1, V, IDX.shape, generator=g)
+        targets[0, 0] = 2  # at least one counts
+        logits, loss = model(IDX, targets)
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        logits, _ = model(IDX)
+        reference = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1),
+                                                      ignore_index=-1)
+        assert torch.equal(loss, reference)
+        for got, want in zip(grads, torch.autograd.grad(reference, list(model.parameters())),
+                             strict=True):
+            assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("how", ["all -1", "all padding"])
+def test_loss_with_no_target_counting_is_zero_with_zero_gradients_not_nan(how):
+    model = tiny().train()
+    if how == "all -1":
+        _, loss = model(IDX, torch.full_like(IDX, -1))
+    else:  # only the last column is real, and its targets are -1
+        targets = torch.zeros_like(IDX)
+        targets[:, -1] = -1
+        mask = torch.zeros_like(MASK)
+        mask[:, -1] = True
+        _, loss = model(IDX, targets, attention_mask=mask)
+    assert loss.item() == 0.0
+    loss.backward()
+    assert all(p.grad is None or (p.grad == 0).all() for p in model.parameters())
+
+
+def test_an_empty_batch_is_refused():
+    empty = torch.zeros(0, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^idx must have shape \(B, T\) with B >= 1"):
+        tiny()(empty, empty)
+    with pytest.raises(ValueError, match=r"^idx must have shape"):
+        tiny().generate(empty, 2)
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-300, 5e-324])
+@pytest.mark.parametrize("top_k", [None, 3])
+def test_a_tiny_temperature_samples_like_softmax_the_best_token_never_nan(temperature, top_k):
+    model = tiny()
+    greedy = model.generate(IDX, 6, temperature=0, attention_mask=MASK)
+    sampled = model.generate(IDX, 6, temperature=temperature, top_k=top_k, attention_mask=MASK,
+                             generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sampled, greedy)
+
+
+def test_the_tempered_sampler_shares_ties_and_keeps_ordinary_temperatures_bit_for_bit():
+    logits = torch.tensor([[2.0, 2.0, -1.0, 0.5], [1e30, -1e30, 0.0, 3.0]])
+    picks = torch.cat([MiniGPT._pick(logits, 1e-45, None, torch.Generator().manual_seed(s))
+                       for s in range(40)], dim=1)  # (2, 40)
+    assert set(picks[0].tolist()) == {0, 1}  # the two best share the probability, as softmax
+    assert set(picks[1].tolist()) == {0}
+    # an ordinary temperature takes the plain route: torch.softmax(logits / T) exactly
+    for seed in range(5):
+        got = MiniGPT._pick(logits[:1], 0.7, 2, torch.Generator().manual_seed(seed))
+        scaled = logits[:1] / 0.7
+        scaled = scaled.masked_fill(scaled < scaled.topk(2).values[:, -1:], float("-inf"))
+        want = torch.multinomial(torch.softmax(scaled, -1), 1,
+                                 generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(got, want)
+
+
+def test_sampling_from_nan_logits_says_so():
+    model = tiny()
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN or \+inf logits"):
+        model.generate(IDX, 1)
+
+
+@pytest.mark.parametrize("flag", ["bias", "tie_weights"])
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_config_flags_must_be_bools(flag, value):
+    with pytest.raises(TypeError, match=rf"^{flag} must be a bool"):
+        GPTConfig(vocab_size=V, block_size=8, **{flag: value})
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda m: m.generate(IDX, 2, use_cache="no"), "use_cache"),
+        (lambda m: m.generate(IDX, 2, use_cache=0), "use_cache"),
+        (lambda m: m.num_parameters(non_embedding="yes"), "non_embedding"),
+    ],
+)
+def test_method_flags_must_be_bools(call, name):
+    with pytest.raises(TypeError, match=rf"^{name} must be a bool"):
+        call(tiny())

@@ -219,3 +219,41 @@ def test_self_attention_bad_construction(args, kwargs, error, phrase):
 def test_self_attention_bad_forward_inputs(x, kwargs, error, phrase):
     with pytest.raises(error, match=phrase):
         SelfAttention(4, 2)(x, **kwargs)
+
+
+# ------------------------------ issue 18: overflow is not NaN; the NaN policy; flags
+
+
+@pytest.mark.parametrize("similarity", ["dot", "cosine"])
+def test_finite_inputs_whose_scores_overflow_are_reported_as_overflow_not_nan(similarity):
+    x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0)) * 1e30
+    with pytest.raises(ValueError) as info:
+        simple_self_attention(x, similarity=similarity)
+    message = str(info.value)
+    assert "overflowed torch.float32 although x is finite" in message
+    assert "scale x down" in message and "NaN" not in message
+    # scaled down, the same directions work (cosine does not care about the scale)
+    z, w = simple_self_attention(x / x.abs().max(), similarity=similarity)
+    assert torch.isfinite(z).all() and torch.isfinite(w).all()
+
+
+def test_simple_self_attention_skips_value_checks_where_values_are_not_checkable():
+    z, w = simple_self_attention(torch.ones(2, 3, 4, device="meta"))
+    assert z.shape == (2, 3, 4) and w.shape == (2, 3, 3) and z.device.type == "meta"
+
+
+def test_self_attention_module_passes_nan_through_to_the_rows_it_reaches():
+    """Modules never scan values: a NaN query row stays NaN, no error is raised."""
+    torch.manual_seed(0)
+    layer = SelfAttention(4, 4)
+    x = torch.randn(1, 3, 4)
+    x[0, 0, 0] = float("nan")
+    out = layer(x, mask=causal_mask(3))
+    assert torch.isnan(out).all()  # token 0 is seen by every query
+    out = layer(x, mask=torch.tensor([False, True, True]).expand(3, 3))  # token 0 as padding
+    assert torch.isfinite(out[0, 1:]).all()
+
+
+def test_self_attention_need_weights_must_be_a_bool():
+    with pytest.raises(TypeError, match=r"^need_weights must be a bool"):
+        SelfAttention(4, 4)(torch.randn(1, 2, 4), need_weights="no")

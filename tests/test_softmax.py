@@ -347,9 +347,9 @@ POOL_BAD = [
         torch.ones(3, 0), torch.ones(0)),
     bad("device mismatch", ValueError, r"^query is on cpu but x is on meta",
         torch.ones(3, 2, device="meta"), Q2),
-    bad("scale str", TypeError, r"^scale must be True or False", X32, Q2, scale="yes"),
-    bad("scale int", TypeError, r"^scale must be True or False", X32, Q2, scale=1),
-    bad("scale None", TypeError, r"^scale must be True or False", X32, Q2, scale=None),
+    bad("scale str", TypeError, r"^scale must be a bool", X32, Q2, scale="yes"),
+    bad("scale int", TypeError, r"^scale must be a bool", X32, Q2, scale=1),
+    bad("scale None", TypeError, r"^scale must be a bool", X32, Q2, scale=None),
 ]
 
 
@@ -375,3 +375,38 @@ def test_bad_input_messages_say_what_came():
     with pytest.raises(ValueError, match=r"batch dims \(2,\)"):
         attention_pool(torch.ones(2, 3, 4), torch.ones(5, 4))
 
+
+
+# ------------------------------------- issue 18: fp16 overflow and the NaN policy
+
+
+def test_attention_pool_scores_half_precision_in_float32_instead_of_blaming_the_input():
+    """fp16 tokens of 300: the dot products (360 000) exceed fp16's 65504. Scored in
+    float32 they are fine; the input was never the problem."""
+    x = torch.full((3, 4), 300.0, dtype=torch.float16)
+    x[1] = 299.0
+    pooled, weights = attention_pool(x, torch.full((4,), 300.0, dtype=torch.float16))
+    assert pooled.dtype == weights.dtype == torch.float16
+    assert torch.isfinite(pooled).all() and torch.isfinite(weights).all()
+    reference, ref_weights = attention_pool(x.double(), torch.full((4,), 300.0,
+                                                                   dtype=torch.float64))
+    torch.testing.assert_close(weights.double(), ref_weights, atol=1e-3, rtol=0)
+    torch.testing.assert_close(pooled.double(), reference, atol=0.5, rtol=0)
+
+
+def test_attention_pool_says_when_finite_inputs_overflow_the_scores():
+    x = torch.full((3, 4), 1e20)  # finite float32, but x . query = 4e40 > 3.4e38
+    with pytest.raises(ValueError, match=r"^the scores x \. query overflowed torch.float32 "
+                                         r"although x and query are finite"):
+        attention_pool(x, torch.full((4,), 1e20))
+
+
+def test_value_checks_of_the_teaching_functions_run_only_where_values_are_checkable():
+    """The policy: softmax and attention_pool refuse NaN on the CPU, but never read values
+    on a device where that costs a sync or has no values (meta stands in for a GPU)."""
+    nan = torch.tensor([[1.0, float("nan")]])
+    with pytest.raises(ValueError, match="x contains NaN"):
+        softmax(nan)
+    assert softmax(nan.to("meta")).device.type == "meta"
+    pooled, weights = attention_pool(torch.ones(3, 2, device="meta"), torch.ones(2, device="meta"))
+    assert pooled.shape == (2,) and weights.shape == (3,)

@@ -2,7 +2,30 @@
 
 Every public function validates its inputs here, at the boundary, so that a
 learner sees one clear message naming the argument, what was expected and
-what came, instead of a NaN or a shape error from deep inside torch.
+what came, instead of a NaN or a shape error from deep inside torch: a
+``TypeError`` for a wrong type, a ``ValueError`` for a wrong value.
+
+**NaN and inf: one policy.** Checks on *shapes, dtypes and devices* are free
+and run everywhere. Checks on *values* cost a pass over the data and, on a GPU,
+a host-device synchronisation (under ``torch.compile``, a graph break), so:
+
+* The Chapter 1-2 teaching functions that take a learner's raw numbers,
+  ``softmax``, ``attention_pool`` and ``simple_self_attention``, check their
+  values and refuse NaN or inf with a ``ValueError`` that names the argument
+  (and say so when the input is finite but the *scores* overflowed). These
+  checks run only where :func:`values_checkable` allows (CPU, eager).
+* ``attention()`` / ``scaled_dot_product_attention`` and every ``nn.Module``
+  forward (``SelfAttention``, ``MultiHeadAttention``, ``FeedForward``,
+  ``TransformerBlock``, ``MiniGPT``, the encoder-decoder) never scan values:
+  they sit inside a model, once per layer and step. A NaN or inf there
+  propagates by IEEE rules: a non-finite query spoils its own output row; a
+  non-finite key or value spoils every row that attends to it, and can spoil
+  rows that mask it out too (``0 * NaN = NaN`` in ``weights @ values``, and
+  PyTorch's fused kernels make no promise there). One case is contained on
+  purpose: keys and values that *no* query may attend to (padding) are zeroed
+  before use, so garbage in padded slots never reaches a real token. Token
+  ids, which index tables, are range-checked where values are checkable (an
+  out-of-range id is not a NaN, it is a crash).
 """
 
 from __future__ import annotations
@@ -15,7 +38,11 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "check_bool",
     "check_bool_mask",
+    "check_device",
+    "check_left_padding",
+    "check_nonnegative_int",
     "check_choice",
     "check_positive_int",
     "check_positive_real",
@@ -89,9 +116,49 @@ def check_probability(value: object, name: str) -> float:
     return float(value)
 
 
+def check_nonnegative_int(value: object, name: str, *, upper: int | None = None) -> int:
+    """Check that ``value`` is an int >= 0 (and <= ``upper`` if given; bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= 0, got {_describe(value)}")
+    if value < 0 or (upper is not None and value > upper):
+        bound = f"in [0, {upper}]" if upper is not None else ">= 0"
+        raise ValueError(f"{name} must be an int {bound}, got {value}")
+    return value
+
+
+def check_bool(value: object, name: str) -> bool:
+    """Check that ``value`` is exactly ``True`` or ``False`` (not ``"no"``, ``0`` or ``None``).
+
+    A truthy string such as ``"no"`` would otherwise silently mean ``True``.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {_describe(value)}")
+    return value
+
+
+def check_device(value: object, name: str = "device") -> torch.device | None:
+    """Check a device argument: ``None``, a ``torch.device`` or a string such as ``"cuda:0"``.
+
+    Returns the parsed ``torch.device`` (or ``None``). Only the spelling is
+    checked here, not whether such a device exists on this machine.
+    """
+    if value is None or isinstance(value, torch.device):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a torch.device, a string such as 'cpu' or 'cuda:0', "
+                        f"or None, got {_describe(value)}")
+    try:
+        return torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"{name} must name a torch device such as 'cpu', 'cuda', 'cuda:0' or "
+                         f"'mps', got {value!r}") from None
+
+
 def check_choice(value: object, name: str, choices: Iterable[str]) -> str:
-    """Check that ``value`` is one of ``choices``; return it."""
+    """Check that ``value`` is one of the strings ``choices``; return it."""
     options = tuple(choices)
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {options}, got {_describe(value)}")
     if value not in options:
         raise ValueError(f"{name} must be one of {options}, got {value!r}")
     return value  # type: ignore[return-value]
@@ -116,6 +183,23 @@ def check_bool_mask(value: object, name: str, target_shape: Sequence[int]) -> Te
             f"scores' shape {tuple(target_shape)}"
         )
     return value
+
+
+def check_left_padding(mask: Tensor, name: str) -> Tensor:
+    """Check that a ``(B, T)`` boolean mask (``True`` on real tokens) is left padding.
+
+    Every row must be ``False ... False True ... True`` with at least one
+    ``True``: generation appends on the right, so a pad after a real token
+    would sit between the prompt and its continuation. Reads values, so it
+    runs only where :func:`values_checkable` allows.
+    """
+    if values_checkable(mask):
+        if not mask.any(dim=1).all():
+            raise ValueError(f"{name} has a row without any real token (all False)")
+        if (mask[:, 1:].long() < mask[:, :-1].long()).any():
+            raise ValueError(f"{name} must describe left padding (False... then True... in "
+                             "every row): generation appends on the right")
+    return mask
 
 
 def values_checkable(tensor: Tensor) -> bool:

@@ -37,6 +37,9 @@ def _check_qkv(q: object, k: object, v: object) -> tuple[Tensor, Tensor, Tensor]
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share their last dimension d_k (queries are compared "
                          f"with keys), got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"q and k must have a head size d_k >= 1 (the scores are scaled by "
+                         f"1/sqrt(d_k)), got q {tuple(q.shape)} and k {tuple(k.shape)}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must have the same number of positions T_k (one value per "
                          f"key), got k {tuple(k.shape)} and v {tuple(v.shape)}")
@@ -55,6 +58,8 @@ def _check_options(mask: object, q: Tensor, k: Tensor, is_causal: object, scale:
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
         check_bool_mask(mask, "mask", (*batch, q.shape[-2], k.shape[-2]))
         mask = mask.to(q.device)  # a mask built on the CPU follows q to the GPU (no-op if there)
+        if mask.dim() < 2:  # (T_k,) or a scalar: give it its (T_q, T_k) axes, as 1s
+            mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
     check_probability(dropout_p, "dropout_p")
@@ -106,6 +111,11 @@ def scaled_dot_product_attention(
         (after dropout, i.e. the weights that multiplied ``v``). A query with no
         allowed key gets zero weights and a zero output (finite gradients), as in
         PyTorch's fused attention. Softmax runs in float32 for half-precision inputs.
+
+    Values are never scanned (see ``course_attn._validation``): a NaN or inf in
+    ``q`` spoils its own row, one in ``k`` or ``v`` every row that attends to it
+    (and possibly rows that mask it: ``0 * NaN = NaN``), except in keys no
+    query may attend to (padding), which are zeroed first.
     """
     q, k, v = _check_qkv(q, k, v)
     mask, scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
@@ -159,6 +169,9 @@ def attention(
     aligned, as the cache needs), and rows without any allowed key are set to
     zero afterwards, because PyTorch's GPU kernels do not promise zeros there in
     float16 and bfloat16.
+
+    Like the manual path it never reads tensor values (no host-device sync):
+    NaN or inf inputs propagate (padded keys excepted, which are contained).
     """
     check_choice(impl, "impl", ATTENTION_IMPLS)
     if impl == "manual":

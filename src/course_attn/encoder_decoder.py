@@ -23,8 +23,11 @@ import torch.nn as nn
 from torch import Tensor
 
 from ._validation import (
+    check_bool,
     check_bool_mask,
     check_choice,
+    check_left_padding,
+    check_nonnegative_int,
     check_positive_int,
     check_probability,
     check_tensor,
@@ -73,8 +76,7 @@ class EncoderDecoderConfig:
             raise ValueError(f"d_model={self.d_model} must be divisible by "
                              f"n_heads={self.n_heads}")
         check_probability(self.dropout, "dropout")
-        if not isinstance(self.norm_first, bool):
-            raise TypeError(f"norm_first must be a bool, got {self.norm_first!r}")
+        check_bool(self.norm_first, "norm_first")
         check_choice(self.activation, "activation", ("gelu", "relu"))
 
 
@@ -182,7 +184,10 @@ class Decoder(nn.Module):
 
     def _check_caches(self, caches: object) -> int:
         """Validate ``caches``; return the number of cached positions ``T_cache``."""
-        if not isinstance(caches, list | tuple) or len(caches) != len(self.blocks):
+        if not isinstance(caches, list | tuple):
+            raise TypeError(f"caches must be a list of {len(self.blocks)} KVCache (one per "
+                            f"layer, see new_caches()), got {type(caches).__name__}")
+        if len(caches) != len(self.blocks):
             raise ValueError(f"caches must be a list of {len(self.blocks)} KVCache (one per "
                              f"layer, see new_caches()), got {caches!r}")
         if not all(isinstance(cache, KVCache) for cache in caches):
@@ -267,17 +272,22 @@ class EncoderDecoder(nn.Module):
                       use_cache: bool = True) -> Tensor:
         """Extend ``prompt (B, T_p)`` by ``max_new_tokens`` greedy tokens -> ``(B, T_p + n)``.
 
-        ``prompt_key_padding_mask (B, T_p)`` marks real prompt tokens (left padding
-        lets every row continue from its last column). With ``use_cache`` each
-        step feeds only the newest token and reuses the cached keys and values;
-        without it every step recomputes the whole target. Both give the same tokens.
+        ``prompt_key_padding_mask (B, T_p)`` marks real prompt tokens. It must be
+        left padding (``False ... True ...`` in every row, at least one ``True``),
+        as in :meth:`MiniGPT.generate <course_attn.model.MiniGPT.generate>`: the new
+        tokens are appended on the right, so a right pad would sit between a
+        prompt and its continuation. With ``use_cache`` each step feeds only the
+        newest token and reuses the cached keys and values; without it every step
+        recomputes the whole target. Both give the same tokens.
+        ``max_new_tokens=0`` returns the prompt.
         """
-        n_new = check_positive_int(max_new_tokens, "max_new_tokens")
-        if not isinstance(use_cache, bool):
-            raise TypeError(f"use_cache must be a bool, got {use_cache!r}")
+        n_new = check_nonnegative_int(max_new_tokens, "max_new_tokens")
+        check_bool(use_cache, "use_cache")
         _check_tokens(prompt, "prompt", self.config.tgt_vocab_size)
         mask = _check_padding(prompt_key_padding_mask, "prompt_key_padding_mask",
                               tuple(prompt.shape))
+        if mask is not None:
+            check_left_padding(mask, "prompt_key_padding_mask")
         if mask is None:
             mask = torch.ones(prompt.shape, dtype=torch.bool, device=prompt.device)
         memory = self.encoder(src, src_key_padding_mask)  # (B, T_s, D)
@@ -309,13 +319,11 @@ def block_gradient_norms(n_layers: int, *, norm_first: bool, d_model: int = 64, 
     The same ``seed`` gives the same weights and data for both norm placements.
     """
     n_layers = check_positive_int(n_layers, "n_layers")
-    if not isinstance(norm_first, bool):
-        raise TypeError(f"norm_first must be a bool, got {norm_first!r}")
+    check_bool(norm_first, "norm_first")
     for name, value in (("d_model", d_model), ("n_heads", n_heads), ("batch_size", batch_size),
                         ("seq_len", seq_len)):
         check_positive_int(value, name)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    check_nonnegative_int(seed, "seed", upper=2**64 - 1)
     generator = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):  # do not disturb the caller's global RNG
         torch.manual_seed(seed)
@@ -350,10 +358,10 @@ def decode_step_seconds(model: EncoderDecoder, prefix_len: int, *, use_cache: bo
     if not isinstance(model, EncoderDecoder):
         raise TypeError(f"model must be an EncoderDecoder, got {type(model).__name__}")
     prefix_len = check_positive_int(prefix_len, "prefix_len")
-    if not isinstance(use_cache, bool):
-        raise TypeError(f"use_cache must be a bool, got {use_cache!r}")
+    check_bool(use_cache, "use_cache")
     for name, value in (("batch_size", batch_size), ("src_len", src_len), ("repeats", repeats)):
         check_positive_int(value, name)
+    check_nonnegative_int(seed, "seed", upper=2**64 - 1)
     c = model.config
     if prefix_len + 1 > c.max_len or src_len > c.max_len:
         raise ValueError(f"prefix_len + 1={prefix_len + 1} and src_len={src_len} must not "

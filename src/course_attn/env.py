@@ -11,31 +11,68 @@ import torch
 __all__ = ["environment_report", "pick_device", "seed_everything"]
 
 
-def pick_device(preferred: str | None = None) -> torch.device:
-    """Return ``preferred`` if given, else the best available: cuda, then mps, then cpu."""
-    if preferred is not None:
-        if not isinstance(preferred, str):
-            raise TypeError(f"preferred must be a device string or None, got {preferred!r}")
+RUNNABLE_DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def pick_device(preferred: str | torch.device | None = None) -> torch.device:
+    """Return ``preferred`` if given, else the best available: cuda, then mps, then cpu.
+
+    ``preferred`` is ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` (or such a
+    ``torch.device``), and must exist on this machine: ``"cuda:7"`` on a machine
+    with one GPU is a ``ValueError`` naming the index and the count. Devices
+    that cannot run the course (``"meta"`` has no values, others are not
+    supported) are refused too.
+    """
+    if preferred is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if isinstance(preferred, torch.device):
+        device = preferred
+    elif isinstance(preferred, str):
         try:
             device = torch.device(preferred)
         except RuntimeError:
-            raise ValueError(f"preferred must name a torch device, got {preferred!r}") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("preferred='cuda' but no CUDA device is available")
-        if device.type == "mps" and not torch.backends.mps.is_available():
-            raise ValueError("preferred='mps' but no Apple MPS device is available")
-        return device
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+            raise ValueError(f"preferred must name a torch device such as 'cpu', 'cuda', "
+                             f"'cuda:0' or 'mps', got {preferred!r}") from None
+    else:
+        raise TypeError(f"preferred must be a device string such as 'cuda', a torch.device "
+                        f"or None, got {type(preferred).__name__} {preferred!r}")
+    if device.type not in RUNNABLE_DEVICE_TYPES:
+        why = " ('meta' tensors have shapes but no values)" if device.type == "meta" else ""
+        raise ValueError(f"preferred={preferred!r} is not a device to run on{why}; the course "
+                         f"runs on {', '.join(RUNNABLE_DEVICE_TYPES)}")
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise ValueError(f"preferred={preferred!r}: there is one CPU device, 'cpu' (index 0)")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"preferred={preferred!r} but no CUDA device is available")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"preferred={preferred!r} asks for CUDA device index {device.index}, "
+                             f"but this machine has {count} CUDA device"
+                             f"{'' if count == 1 else 's'} (indices 0 to {count - 1})")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"preferred={preferred!r} but no Apple MPS device is available")
+    return device
+
+
+SEED_MAX = 2**64 - 1  # torch.manual_seed takes at most an unsigned 64-bit integer
 
 
 def seed_everything(seed: int) -> torch.Generator:
-    """Seed Python, NumPy and torch; return a ``torch.Generator`` seeded the same way."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    """Seed Python, NumPy and torch; return a ``torch.Generator`` seeded the same way.
+
+    ``seed`` is an int in ``[0, 2**64 - 1]`` (torch's range; NumPy gets ``seed % 2**32``).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int in [0, 2**64 - 1], got "
+                        f"{type(seed).__name__} {seed!r}")
+    if not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"seed must be an int in [0, 2**64 - 1] (torch's seed range), "
+                         f"got {seed}")
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002  (readers' own np.random calls)
     torch.manual_seed(seed)

@@ -12,6 +12,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from ._validation import (
+    check_bool,
     check_bool_mask,
     check_choice,
     check_positive_int,
@@ -80,13 +81,30 @@ class KVCache:
         self.k = self.v = None
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append ``k, v (B, H, T_new, head_dim)``; return all keys and values so far."""
+        """Append ``k, v (B, H, T_new, head_dim)``; return all keys and values so far.
+
+        The new keys must match the cached ones in dtype and device: a float64
+        step would otherwise silently promote the whole cache (and the model's
+        outputs) to float64, and a step on another device would fail inside ``cat``.
+        """
         check_tensor(k, "k", ndim=4)
         check_tensor(v, "v", ndim=4)
         if k.shape != v.shape:
             raise ValueError(f"k and v must have the same shape (B, H, T_new, head_dim), "
                              f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        if k.dtype != v.dtype:
+            raise TypeError(f"k and v must share a dtype, got {k.dtype} and {v.dtype}")
+        if k.device != v.device:
+            raise ValueError(f"k and v must be on one device, got {k.device} and {v.device}")
         if self.k is not None:
+            if k.dtype != self.k.dtype:
+                raise TypeError(f"the cache holds {self.k.dtype} keys but the new k is {k.dtype}; "
+                                "keep one dtype for a whole decoding run (reset() the cache "
+                                "after converting the model)")
+            if k.device != self.k.device:
+                raise ValueError(f"the cache holds keys on {self.k.device} but the new k is on "
+                                 f"{k.device}; keep one device for a whole decoding run "
+                                 "(reset() the cache after moving the model)")
             cached = self.k.shape
             if (k.shape[0], k.shape[1], k.shape[3]) != (cached[0], cached[1], cached[3]):
                 raise ValueError(
@@ -120,6 +138,7 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.dropout = check_probability(dropout, "dropout")
         self.impl = check_choice(impl, "impl", ATTENTION_IMPLS)
+        check_bool(bias, "bias")
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -127,6 +146,9 @@ class MultiHeadAttention(nn.Module):
 
     def _check_input(self, x: object, name: str, batch: int | None = None) -> Tensor:
         check_tensor(x, name, ndim=3)
+        if x.shape[1] == 0:
+            raise ValueError(f"{name} must hold at least one position (B, T, D) with T >= 1, "
+                             f"got shape {tuple(x.shape)}")
         if x.shape[-1] != self.d_model:
             raise ValueError(f"{name} must have width d_model={self.d_model}, got shape "
                              f"{tuple(x.shape)}")
@@ -161,7 +183,9 @@ class MultiHeadAttention(nn.Module):
         position, so ``key_padding_mask`` must cover them all.
 
         Returns ``out (B, T_q, D)``, or ``(out, attn_weights (B, H, T_q, T_k))``
-        when ``need_weights=True`` (which uses the manual path).
+        when ``need_weights=True`` (which uses the manual path). Values are never
+        scanned (no host-device sync): NaN or inf inputs propagate, except in
+        padded keys, which are contained (see ``course_attn._validation``).
         """
         self._check_input(query, "query")
         if (key is None) != (value is None):
@@ -179,12 +203,9 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("cache is for self-attention; pass key=value=None with it")
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-
-        q = split_heads(self.q_proj(query), self.n_heads)  # (B, T_q, D) -> (B, H, T_q, head_dim)
-        k = split_heads(self.k_proj(key), self.n_heads)  # (B, T_k, D) -> (B, H, T_k, head_dim)
-        v = split_heads(self.v_proj(value), self.n_heads)  # (B, T_k, D) -> (B, H, T_k, head_dim)
-        if cache is not None:
-            k, v = cache.update(k, v)  # (B, H, T_cache + T_q, head_dim)
+        # Every check before any work: a bad flag must not leave the cache half-updated.
+        check_bool(need_weights, "need_weights")
+        check_bool(is_causal, "is_causal")
         if isinstance(key_padding_mask, Tensor) and key_padding_mask.shape[:1] != query.shape[:1]:
             raise ValueError(f"key_padding_mask must have shape (B, T_k) with B={query.shape[0]}, "
                              f"got {tuple(key_padding_mask.shape)}")
@@ -192,14 +213,17 @@ class MultiHeadAttention(nn.Module):
                 and attn_mask.shape[0] not in (1, query.shape[0])):
             raise ValueError(f"attn_mask must have shape (T_q, T_k) or (B, T_q, T_k) with "
                              f"B={query.shape[0]}, got {tuple(attn_mask.shape)}")
-        if not isinstance(need_weights, bool):
-            raise TypeError(f"need_weights must be a bool, got {need_weights!r}")
-        if not isinstance(is_causal, bool):
-            raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
         # The causal part stays a flag: attention() turns it into the fused kernel's
         # is_causal=True when nothing else is masked (FlashAttention-eligible).
-        mask = combine_masks(q.shape[2], k.shape[2], attn_mask=attn_mask,
-                             key_padding_mask=key_padding_mask, device=q.device)
+        t_k = key.shape[1] + (0 if cache is None else cache.length)  # cached keys count too
+        mask = combine_masks(query.shape[1], t_k, attn_mask=attn_mask,
+                             key_padding_mask=key_padding_mask, device=query.device)
+
+        q = split_heads(self.q_proj(query), self.n_heads)  # (B, T_q, D) -> (B, H, T_q, head_dim)
+        k = split_heads(self.k_proj(key), self.n_heads)  # (B, T_k, D) -> (B, H, T_k, head_dim)
+        v = split_heads(self.v_proj(value), self.n_heads)  # (B, T_k, D) -> (B, H, T_k, head_dim)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, H, T_cache + T_q, head_dim)
         dropout_p = self.dropout if self.training else 0.0
         impl = "manual" if need_weights else self.impl
         out, attn_weights = attention(q, k, v, mask, is_causal=is_causal, dropout_p=dropout_p,
@@ -221,17 +245,24 @@ class FeedForward(nn.Module):
         check_positive_int(d_model, "d_model")
         d_ff = 4 * d_model if d_ff is None else check_positive_int(d_ff, "d_ff")
         check_choice(activation, "activation", ("gelu", "relu"))
+        check_bool(bias, "bias")
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.activation = nn.GELU() if activation == "gelu" else nn.ReLU()
         self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x (..., D)`` -> ``(..., D)``."""
+        """``x (..., D)`` -> ``(..., D)``. Values are not scanned: NaN stays in its position."""
         check_tensor(x, "x", min_ndim=1)
         if x.shape[-1] != self.linear1.in_features:
             raise ValueError(f"x must have width d_model={self.linear1.in_features}, "
                              f"got shape {tuple(x.shape)}")
+        weight = self.linear1.weight
+        if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            # nn.Linear would fail inside with "mat1 and mat2 must have the same dtype"
+            # (under autocast mixed dtypes are fine: autocast casts them itself).
+            raise TypeError(f"x has dtype {x.dtype} but the layer's weights are "
+                            f"{weight.dtype}; convert one with .to(dtype)")
         return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (..., D)
 
 
@@ -301,9 +332,9 @@ class TransformerBlock(nn.Module):
                  activation: str = "gelu", bias: bool = True, layer_norm_eps: float = 1e-5,
                  impl: str = "manual") -> None:
         super().__init__()
-        for name, flag in (("norm_first", norm_first), ("cross_attention", cross_attention)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {flag!r}")
+        for name, flag in (("norm_first", norm_first), ("cross_attention", cross_attention),
+                           ("bias", bias)):
+            check_bool(flag, name)
         check_positive_real(layer_norm_eps, "layer_norm_eps")
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout,

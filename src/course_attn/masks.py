@@ -14,7 +14,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ._validation import check_bool_mask, check_choice, check_positive_int, values_checkable
+from ._validation import (
+    check_bool_mask,
+    check_choice,
+    check_device,
+    check_positive_int,
+    values_checkable,
+)
 
 __all__ = [
     "causal_mask",
@@ -39,6 +45,7 @@ def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str 
     """
     t_q = check_positive_int(t_q, "t_q")
     t_k = t_q if t_k is None else check_positive_int(t_k, "t_k")
+    device = check_device(device, "device")
     query_pos = torch.arange(t_q, device=device).unsqueeze(1) + (t_k - t_q)  # (t_q, 1)
     key_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, t_k)
     return key_pos <= query_pos  # (t_q, t_k)
@@ -58,8 +65,13 @@ def padding_mask(
         max_len: padded length; defaults to ``max(lengths)``.
         side: ``"right"`` (real tokens first, pads after) or ``"left"`` (pads first,
             as batched generation uses).
+        device: where the mask is made (default: the device of ``lengths``).
     """
     check_choice(side, "side", ("right", "left"))
+    device = check_device(device, "device")
+    if not isinstance(lengths, Tensor | Sequence) or isinstance(lengths, str | bytes):
+        raise TypeError(f"lengths must be a 1-D integer tensor or a sequence of ints (B,), "
+                        f"got {type(lengths).__name__} {lengths!r}")
     if isinstance(lengths, Tensor):
         if lengths.dtype in (torch.bool,) or lengths.is_floating_point() or lengths.is_complex():
             raise TypeError(f"lengths must hold integers, got dtype {lengths.dtype}")
@@ -79,7 +91,7 @@ def padding_mask(
                              f"given, got {lengths_t.tolist()}")
     max_len = check_positive_int(max_len, "max_len")
     if values_checkable(lengths_t) and ((lengths_t < 0).any() or (lengths_t > max_len).any()):
-        raise ValueError(f"every length must be in [0, max_len={max_len}], "
+        raise ValueError(f"lengths must each be in [0, max_len={max_len}], "
                          f"got {lengths_t.tolist()}")
     if device is not None:
         lengths_t = lengths_t.to(device)
@@ -91,8 +103,16 @@ def padding_mask(
 
 
 def to_torch_mha_mask(mask: Tensor) -> Tensor:
-    """Invert a course mask for ``nn.MultiheadAttention`` (where ``True`` = may NOT attend)."""
+    """Invert a course mask for ``nn.MultiheadAttention`` (where ``True`` = may NOT attend).
+
+    ``mask`` is what that module takes: an ``attn_mask (T_q, T_k)`` or
+    ``(B * H, T_q, T_k)``, or a ``key_padding_mask (B, T_k)`` or ``(T_k,)``.
+    """
     check_bool_mask(mask, "mask", mask.shape if isinstance(mask, Tensor) else ())
+    if not 1 <= mask.dim() <= 3:
+        raise ValueError(f"mask must have 1 to 3 dimensions, as nn.MultiheadAttention takes "
+                         f"them ((T_k,), (B, T_k), (T_q, T_k) or (B*H, T_q, T_k)), got shape "
+                         f"{tuple(mask.shape)}")
     return ~mask
 
 
@@ -103,6 +123,8 @@ def to_additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor
     (except on fully blocked rows, where softmax of all ``-inf`` is NaN).
     """
     check_bool_mask(mask, "mask", mask.shape if isinstance(mask, Tensor) else ())
+    if mask.dim() == 0:
+        raise ValueError("mask must have at least one dimension (the keys), got a 0-d tensor")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
@@ -125,6 +147,7 @@ def combine_masks(
         attn_mask: bool ``(T_q, T_k)`` or ``(B, T_q, T_k)``, ``True`` = may attend.
         key_padding_mask: bool ``(B, T_k)``, ``True`` on real keys.
         is_causal: add ``causal_mask(t_q, t_k)`` (bottom-right aligned).
+            ``attn_mask`` and ``key_padding_mask`` must agree on ``B`` when both have it.
         device: where the returned mask lives (the other masks are moved there);
             ``None`` means the device of the other masks, else the default device.
             Attention layers pass their queries' device, so no mask stays behind
@@ -134,12 +157,23 @@ def combine_masks(
         bool mask broadcastable to ``(B, H, T_q, T_k)``: ``(T_q, T_k)``, or
         ``(B, 1, T_q, T_k)`` when a batch-dependent mask is involved.
     """
+    t_q = check_positive_int(t_q, "t_q")
+    t_k = check_positive_int(t_k, "t_k")
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__} {is_causal!r}")
     for name, value in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
         if value is not None and not isinstance(value, Tensor):
             raise TypeError(f"{name} must be a boolean torch.Tensor or None, got "
                             f"{type(value).__name__}")
+    device = check_device(device, "device")
+    if (attn_mask is not None and key_padding_mask is not None and attn_mask.dim() == 3
+            and key_padding_mask.dim() == 2
+            and 1 not in (attn_mask.shape[0], key_padding_mask.shape[0])
+            and attn_mask.shape[0] != key_padding_mask.shape[0]):
+        raise ValueError(f"attn_mask and key_padding_mask disagree on the batch size B: "
+                         f"attn_mask {tuple(attn_mask.shape)} has B={attn_mask.shape[0]}, "
+                         f"key_padding_mask {tuple(key_padding_mask.shape)} has "
+                         f"B={key_padding_mask.shape[0]}")
     if device is None:
         device = next((m.device for m in (attn_mask, key_padding_mask) if m is not None), None)
     mask: Tensor | None = None

@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._validation import (
+    check_bool,
     check_choice,
+    check_left_padding,
     check_positive_int,
     check_positive_real,
     check_probability,
@@ -65,8 +67,7 @@ class GPTConfig:
                              "(each head gets d_model / n_head dimensions)")
         check_probability(self.dropout, "dropout")
         for name in ("bias", "tie_weights"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            check_bool(getattr(self, name), name)
         check_choice(self.impl, "impl", ATTENTION_IMPLS)
         check_positive_real(self.init_std, "init_std")
 
@@ -115,6 +116,7 @@ class MiniGPT(nn.Module):
 
     def num_parameters(self, *, non_embedding: bool = False) -> int:
         """Number of parameters (a tied matrix counts once); optionally without ``pos_emb``."""
+        check_bool(non_embedding, "non_embedding")
         total = sum(p.numel() for p in self.parameters())
         return total - self.pos_emb.weight.numel() if non_embedding else total
 
@@ -140,8 +142,9 @@ class MiniGPT(nn.Module):
             raise TypeError(f"{name} must be a torch.long tensor (B, T), got {type(idx).__name__}")
         if idx.dtype != torch.long:
             raise TypeError(f"{name} must have dtype torch.long (token ids), got {idx.dtype}")
-        if idx.dim() != 2 or idx.shape[1] == 0:
-            raise ValueError(f"{name} must have shape (B, T) with T >= 1, got {tuple(idx.shape)}")
+        if idx.dim() != 2 or idx.shape[0] == 0 or idx.shape[1] == 0:
+            raise ValueError(f"{name} must have shape (B, T) with B >= 1 and T >= 1, "
+                             f"got {tuple(idx.shape)}")
         if values_checkable(idx) and idx.numel() and (
                 idx.min() < 0 or idx.max() >= self.config.vocab_size):
             raise ValueError(f"{name} must hold token ids in [0, vocab_size="
@@ -187,16 +190,30 @@ class MiniGPT(nn.Module):
 
         Returns:
             ``(logits (B, T, V), loss)``: ``loss`` is the mean cross-entropy in
-            nats, or ``None`` without targets.
+            nats over the targets that count, or ``None`` without targets. It is
+            computed as (sum of the per-token losses) / max(number of counted
+            targets, 1): exactly ``F.cross_entropy(..., ignore_index=-1)`` when
+            at least one target counts, and ``0`` (with zero gradients) when none
+            does (all ``-1`` or all padding), where the plain mean would be 0/0 = NaN.
+            No tensor value is read to decide this. Token ids are range-checked
+            on the CPU; activations are never scanned for NaN (see
+            ``course_attn._validation``).
         """
         idx = self._check_idx(idx)
         batch, time = idx.shape
         past = 0
         if caches is not None:
-            if (not isinstance(caches, list | tuple) or len(caches) != len(self.blocks)
+            if (not isinstance(caches, list | tuple)
                     or not all(isinstance(c, KVCache) for c in caches)):
                 raise TypeError(f"caches must be a list of {len(self.blocks)} KVCache objects "
-                                "(one per block, see new_caches())")
+                                f"(one per block, see new_caches()), got {caches!r}")
+            if len(caches) != len(self.blocks):
+                raise ValueError(f"caches must be a list of {len(self.blocks)} KVCache objects "
+                                 f"(one per block, see new_caches()), got {len(caches)}")
+            lengths = {c.length for c in caches}
+            if len(lengths) != 1:
+                raise ValueError(f"caches hold different lengths {sorted(lengths)}; create "
+                                 "them together with new_caches()")
             past = caches[0].length
         if past + time > self.config.block_size:
             raise ValueError(f"the sequence has {past + time} tokens (T={time}"
@@ -243,7 +260,12 @@ class MiniGPT(nn.Module):
         flat = logits.reshape(-1, logits.shape[-1])  # (B, T, V) -> (B*T, V)
         if flat.dtype in (torch.float16, torch.bfloat16):
             flat = flat.float()
-        loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
+        flat_targets = targets.reshape(-1)  # (B*T,)
+        # sum / count instead of reduction="mean": the same number whenever a target
+        # counts, and 0 instead of 0/0 = NaN when none does, without reading a value.
+        loss_sum = F.cross_entropy(flat, flat_targets, ignore_index=-1, reduction="sum")
+        n_counted = (flat_targets != -1).sum().clamp(min=1)
+        loss = loss_sum / n_counted
         return logits, loss
 
     @torch.no_grad()
@@ -297,7 +319,12 @@ class MiniGPT(nn.Module):
         Args:
             idx: ``(B, T)`` long prompts; with ``attention_mask``, left-padded.
             max_new_tokens: how many tokens to append (>= 0).
-            temperature: divides the logits; ``0`` means greedy (argmax).
+            temperature: divides the logits; ``0`` means greedy (argmax). A tiny
+                temperature behaves as in :func:`~course_attn.softmax.softmax`:
+                where ``logits / temperature`` would overflow (say ``1e-45``), the
+                logits are shifted by their maximum first and the temperature is
+                clamped to the smallest normal float32, so the best token(s) get
+                all the probability (ties share it), never NaN or inf.
             top_k: sample only among the ``top_k`` most likely tokens.
             use_cache: keep each block's keys and values in a :class:`KVCache`
                 and feed only the newest token at each step. Once the sequence
@@ -327,15 +354,14 @@ class MiniGPT(nn.Module):
             if top_k > self.config.vocab_size:
                 raise ValueError(f"top_k must be at most vocab_size={self.config.vocab_size}, "
                                  f"got {top_k}")
+        check_bool(use_cache, "use_cache")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         if attention_mask is None:
             mask = torch.ones_like(idx, dtype=torch.bool)
         else:
             mask = self._check_attention_mask(attention_mask, tuple(idx.shape)).to(idx.device)
-            if values_checkable(mask) and (mask[:, 1:].long() < mask[:, :-1].long()).any():
-                raise ValueError("attention_mask must describe left padding (False... then "
-                                 "True... in every row): generation appends on the right")
+            check_left_padding(mask, "attention_mask")
 
         was_training = self.training
         self.eval()
@@ -364,9 +390,23 @@ class MiniGPT(nn.Module):
     def _pick(logits: Tensor, temperature: float, top_k: int | None,
               generator: torch.Generator | None) -> Tensor:
         """Choose the next token from ``logits (B, V)``: argmax, or a tempered top-k sample."""
+        if values_checkable(logits) and (logits.isnan() | logits.isposinf()).any():
+            raise ValueError("the model produced NaN or +inf logits, so there is nothing to "
+                             "sample from: its weights or inputs are not finite (a diverged "
+                             "training run?)")
         if temperature == 0:
             return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-        logits = logits.float() / temperature  # (B, V)
+        logits = logits.float()  # (B, V)
+        scaled = logits / temperature  # (B, V)
+        # A tiny temperature overflows the division (1.0 / 1e-45 = inf, and softmax
+        # of inf is NaN). Such rows take softmax()'s route: shift by the row maximum
+        # first (every entry <= 0, the best ones 0), then divide by a temperature
+        # clamped to float32's smallest normal number. Other rows keep the plain
+        # division, bit for bit. torch.where decides per row without a host sync.
+        info = torch.finfo(torch.float32)
+        shifted = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, info.tiny)
+        overflowed = ~scaled.amax(dim=-1, keepdim=True).isfinite()  # (B, 1)
+        logits = torch.where(overflowed, shifted, scaled)  # (B, V)
         if top_k is not None:
             kth_best = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
             logits = logits.masked_fill(logits < kth_best, float("-inf"))

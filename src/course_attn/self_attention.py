@@ -16,7 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validation import check_choice, check_positive_int, check_tensor
+from ._validation import (
+    check_bool,
+    check_choice,
+    check_positive_int,
+    check_tensor,
+    values_checkable,
+)
 from .attention import scaled_dot_product_attention
 from .softmax import softmax
 
@@ -42,24 +48,41 @@ def simple_self_attention(x: Tensor, *, similarity: str = "dot") -> tuple[Tensor
     Returns:
         ``(z, attn_weights)``: ``z (..., T, D)`` and ``attn_weights (..., T, T)``,
         whose row ``i`` is query ``i`` over every key and sums to 1.
+
+    NaN or inf in ``x`` is a ``ValueError``; so is a finite ``x`` so large that
+    the scores overflow (``x_i . x_j``, or for cosine ``|x_i|^2``, beyond the
+    dtype's range), and the message then says so and suggests scaling ``x``
+    down. These checks read values, so they run on the CPU in eager mode only
+    (see ``course_attn._validation``).
     """
     check_tensor(x, "x", min_ndim=2)
     check_choice(similarity, "similarity", SIMILARITIES)
     if x.shape[-2] == 0:
         raise ValueError(f"x must hold at least one token (T >= 1), got shape {tuple(x.shape)}")
-    if not torch.isfinite(x).all():
+    checkable = values_checkable(x)
+    if checkable and not torch.isfinite(x).all():
         raise ValueError("x contains NaN or inf; similarity scores would be undefined")
     # Low-precision inputs: scores and softmax in float32, result cast back.
     work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     if similarity == "cosine":
+        if checkable and not torch.isfinite(work.square().sum(dim=-1)).all():
+            raise ValueError(_overflow_message(x, work.dtype, "the squared norms |x_i|^2"))
         # F.normalize divides by max(|x|, eps): a zero vector stays zero (cosine 0), no NaN.
         unit = F.normalize(work, dim=-1)
         attn_scores = unit @ unit.mT  # (..., T, D) @ (..., D, T) -> (..., T, T)
     else:
         attn_scores = work @ work.mT  # (..., T, D) @ (..., D, T) -> (..., T, T)
+        if checkable and not torch.isfinite(attn_scores).all():
+            raise ValueError(_overflow_message(x, work.dtype, "the scores x_i . x_j"))
     attn_weights = softmax(attn_scores, dim=-1)  # (..., T, T), rows sum to 1
     z = attn_weights @ work  # (..., T, T) @ (..., T, D) -> (..., T, D)
     return z.to(x.dtype), attn_weights.to(x.dtype)
+
+
+def _overflow_message(x: Tensor, dtype: torch.dtype, what: str) -> str:
+    return (f"{what} overflowed {dtype} although x is finite (largest |x| = "
+            f"{float(x.abs().max()):.3g}, {dtype} ends at {torch.finfo(dtype).max:.3g}); "
+            "scale x down, e.g. x / x.abs().max(), or use float64")
 
 
 class SelfAttention(nn.Module):
@@ -80,8 +103,7 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.d_in = check_positive_int(d_in, "d_in")
         self.d_out = check_positive_int(d_out, "d_out")
-        if not isinstance(qkv_bias, bool):
-            raise TypeError(f"qkv_bias must be a bool, got {type(qkv_bias).__name__} {qkv_bias!r}")
+        check_bool(qkv_bias, "qkv_bias")
         self.q_proj = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.k_proj = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.v_proj = nn.Linear(d_in, d_out, bias=qkv_bias)
@@ -99,9 +121,11 @@ class SelfAttention(nn.Module):
 
         Returns:
             ``out (B, T, d_out)``, or ``(out, attn_weights (B, T, T))`` when
-            ``need_weights`` is true.
+            ``need_weights`` is true. Values are never scanned: a NaN in ``x``
+            reaches the outputs that attend to it (see ``course_attn._validation``).
         """
         check_tensor(x, "x", ndim=3)
+        check_bool(need_weights, "need_weights")
         if x.shape[-1] != self.d_in:
             raise ValueError(f"x must have last dimension d_in={self.d_in}, "
                              f"got shape {tuple(x.shape)}")

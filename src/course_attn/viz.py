@@ -25,6 +25,8 @@ __all__ = [
 
 
 def _to_numpy(values: object, name: str) -> np.ndarray:
+    if values is None or isinstance(values, str | bytes | dict):
+        raise TypeError(f"{name} must be a tensor or array of numbers, got {type(values).__name__}")
     if isinstance(values, torch.Tensor):
         return values.detach().cpu().double().numpy()
     try:
@@ -36,8 +38,24 @@ def _to_numpy(values: object, name: str) -> np.ndarray:
 
 
 def _check_labels(labels: Sequence[str] | None, size: int, name: str) -> None:
-    if labels is not None and len(labels) != size:
+    if labels is None:
+        return
+    if not hasattr(labels, "__len__") or isinstance(labels, torch.Tensor | dict):
+        raise TypeError(f"{name} must be a sequence of {size} labels or None, "
+                        f"got {type(labels).__name__}")
+    if len(labels) != size:
         raise ValueError(f"{name} must have {size} entries, got {len(labels)}")
+
+
+def _check_ax(ax: object, name: str = "ax") -> None:
+    if ax is not None and not isinstance(ax, Axes):
+        raise TypeError(f"{name} must be a matplotlib Axes or None, got {type(ax).__name__}")
+
+
+def _check_flag(value: object, name: str, *, none_ok: bool = False) -> None:
+    if not (isinstance(value, bool) or (none_ok and value is None)):
+        allowed = "True, False or None" if none_ok else "a bool (True or False)"
+        raise TypeError(f"{name} must be {allowed}, got {type(value).__name__} {value!r}")
 
 
 def plot_attention(
@@ -63,6 +81,8 @@ def plot_attention(
         raise ValueError(f"weights must be 2-D (T_q, T_k), got shape {data.shape}")
     _check_labels(x_labels, data.shape[1], "x_labels")
     _check_labels(y_labels, data.shape[0], "y_labels")
+    _check_ax(ax)
+    _check_flag(annotate, "annotate", none_ok=True)
     if ax is None:
         size = (1.2 + 0.55 * data.shape[1], 1.0 + 0.5 * data.shape[0])
         _, ax = plt.subplots(figsize=(max(3.0, size[0]), max(2.5, size[1])))
@@ -97,6 +117,7 @@ def plot_distribution(
     if data.ndim != 1:
         raise ValueError(f"values must be 1-D, got shape {data.shape}")
     _check_labels(labels, data.shape[0], "labels")
+    _check_ax(ax)
     if ax is None:
         _, ax = plt.subplots(figsize=(max(4.0, 0.45 * data.shape[0] + 1.5), 2.8))
     ax.bar(range(data.shape[0]), data, color="tab:blue")
@@ -119,6 +140,9 @@ def interactive_plot(draw: Callable[..., object], **controls: object):
 
     if not callable(draw):
         raise TypeError(f"draw must be callable, got {type(draw).__name__}")
+    if not controls:
+        raise ValueError("interactive_plot needs at least one control (a keyword argument "
+                         "such as temperature=FloatSlider(...)), got none")
     for name, control in controls.items():
         if not isinstance(control, widgets.ValueWidget):
             raise TypeError(f"control {name!r} must be an ipywidgets value widget, "
@@ -158,6 +182,9 @@ def plot_curves(
         raise ValueError(f"x must be 1-D, got shape {xs.shape}")
     if not isinstance(curves, dict) or not curves:
         raise TypeError(f"curves must be a non-empty dict of label -> values, got {curves!r}")
+    _check_ax(ax)
+    _check_flag(logx, "logx")
+    _check_flag(logy, "logy")
     if ax is None:
         _, ax = plt.subplots(figsize=(5.0, 3.2))
     for label, values in curves.items():
@@ -196,6 +223,7 @@ def plot_mask(
         raise ValueError("mask must hold only True/False (or 1/0) values")
     _check_labels(x_labels, data.shape[1], "x_labels")
     _check_labels(y_labels, data.shape[0], "y_labels")
+    _check_ax(ax)
     if ax is None:
         _, ax = plt.subplots(figsize=(max(2.5, 0.9 + 0.45 * data.shape[1]),
                                       max(2.2, 0.9 + 0.4 * data.shape[0])))
@@ -233,6 +261,15 @@ def plot_heads(
         raise ValueError(f"weights must be 3-D (H, T_q, T_k), got shape {data.shape}")
     n_heads = data.shape[0]
     _check_labels(head_names, n_heads, "head_names")
+    _check_labels(x_labels, data.shape[2], "x_labels")
+    _check_labels(y_labels, data.shape[1], "y_labels")
+    _check_flag(annotate, "annotate", none_ok=True)
+    if axes is not None:
+        if not hasattr(axes, "__len__") or isinstance(axes, Axes):
+            raise TypeError(f"axes must be a sequence of {n_heads} matplotlib Axes or None, "
+                            f"got {type(axes).__name__}")
+        for ax in axes:
+            _check_ax(ax, "axes")
     if axes is None:
         width = max(3.0, 1.2 + 0.45 * data.shape[2])
         _, grid = plt.subplots(1, n_heads, figsize=(width * n_heads, max(2.5, 1.0 + 0.45 *
@@ -267,6 +304,7 @@ def plot_heatmap(
     data = _to_numpy(matrix, "matrix")
     if data.ndim != 2:
         raise ValueError(f"matrix must be 2-D, got shape {data.shape}")
+    _check_ax(ax)
     if ax is None:
         _, ax = plt.subplots(figsize=(6.0, 4.0))
     image = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
