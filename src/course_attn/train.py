@@ -221,6 +221,12 @@ class TrainResult:
 
 def learning_rate(it: int, config: TrainConfig) -> float:
     """Learning rate at iteration ``it``: linear warmup, cosine decay, then ``min_lr``."""
+    if isinstance(it, bool) or not isinstance(it, int):
+        raise TypeError(f"it must be an int iteration index >= 0, got {it!r}")
+    if it < 0:
+        raise ValueError(f"it must be an iteration index >= 0, got {it}")
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     min_lr = config.lr / 10 if config.min_lr is None else config.min_lr
     decay_iters = config.max_iters if config.lr_decay_iters is None else config.lr_decay_iters
     if it < config.warmup_iters:
@@ -261,7 +267,11 @@ def amp_dtype(device: torch.device | str, *, amp: bool = True,
     ``bf16_native=None`` asks ``torch.cuda.is_bf16_supported(including_emulation=False)``;
     tests pass it explicitly to cover each kind of GPU on any machine.
     """
-    device = torch.device(device)
+    device = _check_device(device, "device")
+    if not isinstance(amp, bool):
+        raise TypeError(f"amp must be a bool, got {amp!r}")
+    if bf16_native is not None and not isinstance(bf16_native, bool):
+        raise TypeError(f"bf16_native must be a bool or None, got {bf16_native!r}")
     if not amp or device.type != "cuda":
         return None
     if bf16_native is None:
@@ -283,7 +293,15 @@ def estimate_loss(model: nn.Module, data: BatchSource, config: TrainConfig, *,
     the two splits of a synthetic task are different draws, and the training
     run's random state is never disturbed.
     """
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    if not isinstance(model, MiniGPT):
+        raise TypeError(f"model must be a MiniGPT, got {type(model).__name__}")
+    if not hasattr(data, "get_batch"):
+        raise TypeError(f"data must provide get_batch(split, batch_size, block_size, ...) "
+                        f"(a CharCorpus or a task), got {type(data).__name__}")
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    device = (_check_device(device, "device") if device is not None
+              else next(model.parameters()).device)
     dtype = amp_dtype(device, amp=config.amp)
     block_size = model.config.block_size
     was_training = model.training
@@ -325,6 +343,17 @@ class TrainingDiverged(ValueError):
 
     def __init__(self, message: str, *, result: TrainResult, iteration: int, loss: float,
                  checkpoint_iter: int | None) -> None:
+        if not isinstance(message, str):
+            raise TypeError(f"message must be a str, got {type(message).__name__}")
+        if not isinstance(result, TrainResult):
+            raise TypeError(f"result must be a TrainResult, got {type(result).__name__}")
+        check_positive_int(iteration, "iteration")
+        if isinstance(loss, bool) or not isinstance(loss, int | float):
+            raise TypeError(f"loss must be a number, got {loss!r}")
+        if math.isfinite(loss):
+            raise ValueError(f"loss must be the non-finite value found, got {loss}")
+        if checkpoint_iter is not None:
+            check_positive_int(checkpoint_iter, "checkpoint_iter")
         super().__init__(message)
         self.result = result
         self.iteration = iteration
@@ -851,6 +880,9 @@ def gpu_peak_flops(name: str) -> float | None:
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a GPU name (str), got {type(name).__name__}")
+    if not name.strip():
+        raise ValueError("name must be a GPU name such as 'NVIDIA H100 80GB HBM3', got "
+                         f"{name!r}")
     return next((peak for key, peak in GPU_PEAK_FLOPS if key in name), None)
 
 
@@ -875,8 +907,15 @@ def check_preset_device(preset: str, device: torch.device | str, *, vocab_size: 
     as fast as one large matrix product. Any other preset or device passes.
     Raises ``ValueError`` with the estimate and the two ways on.
     """
+    if not isinstance(preset, str):
+        raise TypeError(f"preset must be a str, one of {tuple(PRESETS)}, got "
+                        f"{type(preset).__name__}")
     check_choice(preset, "preset", tuple(PRESETS))
-    if preset != "gpu" or torch.device(device).type != "cpu":
+    device = _check_device(device, "device")
+    check_positive_int(vocab_size, "vocab_size")
+    if cpu_flops is not None:
+        check_positive_real(cpu_flops, "cpu_flops")
+    if preset != "gpu" or device.type != "cpu":
         return
     sizes = PRESETS["gpu"]
     with torch.device("meta"):  # sizes only: no memory, no time
