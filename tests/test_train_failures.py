@@ -329,7 +329,7 @@ def test_cli_resume_refuses_another_text(tmp_path, corpus_file, capsys):
     assert "the training text (SHA-256" in err
     err = exits_with_2(["--task", "copy", "--n-layer", "1", "--n-head", "2", "--d-model", "16",
                         "--device", "cpu", "--resume", ckpt], capsys)
-    assert "different model configuration" in err  # the vocabulary differs first
+    assert "different model configuration: vocab_size 15 -> 16, block_size 8 -> 31" in err
 
 
 def test_resume_may_change_only_where_and_how_it_runs(tmp_path):
@@ -420,6 +420,13 @@ def test_incomplete_checkpoints_give_a_clear_error(tmp_path):
         model_from_checkpoint({**checkpoint, "model_config": {"widht": 3}})
     with pytest.raises(ValueError, match="does not hold the weights"):
         model_from_checkpoint({**checkpoint, "model": {}})
+    with pytest.raises(ValueError, match="incomplete or damaged.*malformed.*iter"):
+        train(tiny_model(), TASK, quick(), resume_from={**checkpoint, "iter": "2"})
+    same = quick(max_iters=4, lr_decay_iters=2)  # the same run, two iterations longer
+    with pytest.raises(ValueError, match="damaged.*history"):
+        train(tiny_model(), TASK, same, resume_from={**checkpoint, "history": {}})
+    older = {key: value for key, value in checkpoint.items() if key != "scaler"}
+    assert len(train(tiny_model(), TASK, same, resume_from=older).train_losses) == 4
     del checkpoint["optimizer"]
     torch.save(checkpoint, path)
     with pytest.raises(ValueError, match="incomplete or damaged.*optimizer"):

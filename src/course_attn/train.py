@@ -487,10 +487,12 @@ def save_checkpoint(path: str | os.PathLike[str], checkpoint: dict[str, Any]) ->
     return target
 
 
-_CHECKPOINT_KEYS: dict[str, type | tuple[type, ...]] = {
+_CHECKPOINT_KEYS: dict[str, type] = {
     "model_config": dict, "train_config": dict, "model": dict, "optimizer": dict,
-    "scaler": dict, "iter": int, "rng": dict, "history": dict, "meta": dict,
+    "iter": int, "rng": dict, "history": dict, "meta": dict,
 }
+#: Keys a checkpoint may lack: the gradient scaler's state came with mixed precision.
+_OPTIONAL_KEYS: dict[str, type] = {"scaler": dict}
 
 
 def _check_checkpoint(checkpoint: object, name: str, keys: Sequence[str]) -> dict[str, Any]:
@@ -501,9 +503,13 @@ def _check_checkpoint(checkpoint: object, name: str, keys: Sequence[str]) -> dic
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{name} is not a course_attn training checkpoint (format "
                          f"{checkpoint.get('format')!r}, expected {CHECKPOINT_FORMAT!r})")
+    kinds = {**_CHECKPOINT_KEYS, **_OPTIONAL_KEYS}
     missing = [key for key in keys if key not in checkpoint]
-    wrong = [key for key in keys if key in checkpoint
-             and not isinstance(checkpoint[key], _CHECKPOINT_KEYS[key])]
+    wrong = [key for key in (*keys, *_OPTIONAL_KEYS) if key in checkpoint
+             and not isinstance(checkpoint[key], kinds[key])]
+    iteration = checkpoint.get("iter")
+    if isinstance(iteration, bool) or (isinstance(iteration, int) and iteration < 0):
+        wrong.append("iter")
     if missing or wrong:
         raise ValueError(f"{name} is an incomplete or damaged course_attn checkpoint "
                          f"(missing {missing}, malformed {wrong})")
@@ -690,9 +696,13 @@ def train(
         checkpoint = _check_checkpoint(
             resume_from if isinstance(resume_from, dict) else load_checkpoint(resume_from),
             "resume_from", tuple(_CHECKPOINT_KEYS))
-        if checkpoint["model_config"] != dataclasses.asdict(model.config):
+        stored_model, this_model = checkpoint["model_config"], dataclasses.asdict(model.config)
+        if stored_model != this_model:
+            changes = [f"{key} {stored_model.get(key, 'missing')!r} -> {value!r}"
+                       for key, value in this_model.items()
+                       if stored_model.get(key, "missing") != value]
             raise ValueError("resume_from was saved for a different model configuration: "
-                             f"{checkpoint['model_config']} != {dataclasses.asdict(model.config)}")
+                             + ", ".join(changes or [f"{stored_model} -> {this_model}"]))
         meta, differences = _resume_meta(checkpoint["meta"], meta)
         differences += _resume_differences(checkpoint["train_config"], config)
         if differences:
@@ -721,7 +731,7 @@ def train(
         try:
             model.load_state_dict(checkpoint["model"])
             optimizer.load_state_dict(checkpoint["optimizer"])
-            if checkpoint["scaler"]:
+            if checkpoint.get("scaler"):
                 scaler.load_state_dict(checkpoint["scaler"])
             generator.set_state(checkpoint["rng"]["data"])
             torch.set_rng_state(checkpoint["rng"]["torch"])
