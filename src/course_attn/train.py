@@ -8,7 +8,11 @@ GPU has it natively, else fp16 with a gradient scaler), optional
 blocking, and losses are read back only every ``log_interval`` iterations.
 Checkpoints are plain dicts of tensors and numbers, loaded with
 ``torch.load(weights_only=True)``; they hold every random state, so a resumed
-run repeats the uninterrupted run's losses exactly (on CPU).
+run repeats the uninterrupted run's losses exactly (on CPU), and a resume that
+would change the run is refused. No work is lost: output paths are checked
+before training, a run stops at its first non-finite loss
+(:class:`TrainingDiverged`) with the last good checkpoint kept, and the CLI
+writes its metrics before it samples.
 """
 
 from __future__ import annotations
