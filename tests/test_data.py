@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import itertools
 import math
+import signal
 import sysconfig
 from pathlib import Path
 
@@ -49,10 +51,15 @@ def test_tokenizer_rejects_unknown_characters_with_position():
         tok.encode("abz")
 
 
-@pytest.mark.parametrize("bad", [[0, 3], [-1], [1.0], torch.tensor([[0]])])
-def test_tokenizer_decode_rejects_bad_ids(bad):
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [([0, 3], ValueError), ([-1], ValueError), (torch.tensor([[0]]), ValueError),
+     ([1.0], TypeError), ([True], TypeError), (torch.tensor([1.0]), TypeError), (5, TypeError),
+     ("ab", TypeError)],
+)
+def test_tokenizer_decode_rejects_bad_ids(bad, error):
     tok = CharTokenizer.from_text("abc")
-    with pytest.raises(ValueError, match="ids"):
+    with pytest.raises(error, match="ids"):
         tok.decode(bad)
 
 
@@ -117,6 +124,37 @@ def test_get_batch_targets_are_inputs_shifted_and_seeded():
         get_batch(data, 0, 8)
 
 
+@pytest.mark.parametrize("bad", [torch.arange(60.0), torch.ones(60, dtype=torch.bool),
+                                 torch.arange(60) * 1j])
+def test_float_or_bool_token_ids_are_refused(bad):
+    with pytest.raises(TypeError, match="data must hold integer token ids"):
+        train_val_split(bad)
+    with pytest.raises(TypeError, match="data must hold integer token ids"):
+        get_batch(bad, 2, 4)
+    tokenizer = CharTokenizer("ab")
+    with pytest.raises(TypeError, match="train_data"):
+        CharCorpus(tokenizer, bad, torch.arange(3))
+
+
+def test_split_and_batch_wrong_types_are_type_errors():
+    for call in (lambda: train_val_split(list(range(60))),  # type: ignore[arg-type]
+                 lambda: get_batch(list(range(60)), 2, 4)):  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="data must be a 1-D tensor"):
+            call()
+    data = torch.arange(60)
+    with pytest.raises(TypeError, match="generator"):
+        get_batch(data, 2, 4, generator=0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="device"):
+        get_batch(data, 2, 4, device="gpu")
+    with pytest.raises(TypeError, match="device"):
+        get_batch(data, 2, 4, device=0)  # type: ignore[arg-type]
+    corpus = CharCorpus.from_text(TEXT * 5)
+    with pytest.raises(TypeError, match="split"):
+        corpus.get_batch(0, 2, 4)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tokenizer"):
+        CharCorpus("ab", data, data)  # type: ignore[arg-type]
+
+
 def test_char_corpus_splits_and_batches():
     corpus = CharCorpus.from_text(TEXT * 5)
     assert len(corpus.train_data) == int(0.9 * len(TEXT * 5))
@@ -172,6 +210,52 @@ def test_download_with_a_stand_in_opener(tmp_path):
     path = download_tiny_shakespeare(tmp_path, url="https://example.invalid/x.txt",
                                      sha256=hashlib.sha256(payload).hexdigest(), opener=opener)
     assert path.read_bytes() == payload
+
+
+def _no_network(*args, **kwargs):
+    raise AssertionError("a refused argument must be caught before any download")
+
+
+@pytest.mark.parametrize("filename", ["../x.txt", "sub/x.txt", "sub\\x.txt", "..", ".", "",
+                                      "/tmp/x.txt"])
+def test_download_filename_must_be_a_plain_name_inside_the_cache(tmp_path, filename):
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError, match="filename must be a plain file name"):
+        download_tiny_shakespeare(cache, filename=filename, opener=_no_network)
+    assert not cache.exists() and not (tmp_path / "x.txt").exists()  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        (dict(sha256="g" * 64), ValueError, "sha256 must be a 64-character hex digest"),
+        (dict(sha256="0" * 63), ValueError, "sha256"),
+        (dict(sha256=b"0" * 64), TypeError, "sha256"),
+        (dict(timeout=0), ValueError, "timeout"),
+        (dict(timeout=-5.0), ValueError, "timeout"),
+        (dict(timeout=float("nan")), ValueError, "timeout"),
+        (dict(timeout=float("inf")), ValueError, "timeout"),
+        (dict(timeout="30"), TypeError, "timeout"),
+        (dict(timeout=None), TypeError, "timeout"),
+        (dict(filename=None), TypeError, "filename"),
+        (dict(url=""), ValueError, "url"),
+        (dict(url=None), TypeError, "url"),
+        (dict(opener="urlopen"), TypeError, "opener"),
+    ],
+)
+def test_download_arguments_are_checked_before_any_network(tmp_path, options, error, match):
+    options.setdefault("opener", _no_network)
+    with pytest.raises(error, match=match):
+        download_tiny_shakespeare(tmp_path / "cache", **options)
+    assert not (tmp_path / "cache").exists()
+    with pytest.raises(TypeError, match="cache_dir"):
+        download_tiny_shakespeare(None, opener=_no_network)  # type: ignore[arg-type]
+
+
+def test_download_accepts_an_uppercase_digest(tmp_path):
+    url, digest = _local_source(tmp_path, TEXT.encode())
+    path = download_tiny_shakespeare(tmp_path / "cache", url=url, sha256=digest.upper())
+    assert path.parent == tmp_path / "cache" and path.read_text() == TEXT
 
 
 # -------------------------------------------------------------- copy task
@@ -245,7 +329,8 @@ def test_recall_task_sequences_follow_the_rules():
     assert torch.equal(task.value_positions, torch.arange(1, 17, 2))
 
 
-@pytest.mark.parametrize(("n_keys", "max_step", "n_pairs"), [(5, 3, 6), (4, 1, 7), (6, 2, 5)])
+@pytest.mark.parametrize(("n_keys", "max_step", "n_pairs"),
+                         [(5, 3, 6), (4, 1, 7), (6, 2, 5), (16, 15, 3), (3, 2, 9)])
 def test_recall_new_key_probability_matches_every_walk(n_keys, max_step, n_pairs):
     # Enumerate every start and every sequence of steps: all walks are equally likely.
     task = RecallTask(n_keys=n_keys, n_values=3, n_pairs=n_pairs, max_step=max_step)
@@ -289,6 +374,40 @@ def test_recall_floor_is_what_the_bayes_optimal_predictor_pays():
     assert paid.mean().item() == pytest.approx(task.loss_floor(), abs=0.02)
 
 
+@contextlib.contextmanager
+def _deadline(seconds: int):
+    """Fail instead of hanging (SIGALRM, on Unix): a guard against minutes-long runs."""
+    if not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_recall_floor_of_long_sequences_is_exact_and_does_not_hang():
+    # It used to follow every set of keys seen so far (2**15 sets) for every pair: minutes.
+    task = RecallTask(n_keys=16, n_values=8, n_pairs=2000, max_step=15)
+    with _deadline(30):
+        p_new = task.new_key_probability()
+        floor = task.loss_floor()
+    # sum_i P(key i is new) is the expected number of distinct keys in a sequence; in
+    # 2000 steps all 16 keys show up (but for a chance below 16 * (14/15)**1999 ~ 1e-58).
+    assert p_new.sum().item() == pytest.approx(16.0, abs=1e-9)
+    assert floor == pytest.approx((16 * math.log(8) + 1999 * math.log(15)) / 3999, abs=1e-12)
+    short = RecallTask(n_keys=16, n_values=8, n_pairs=12, max_step=15)
+    assert torch.equal(p_new[:12], short.new_key_probability())  # a prefix of the same walk
+    assert bool((p_new[1:] <= p_new[:-1]).all())  # a later key is less likely new
+
+
 def test_recall_task_bad_inputs():
     with pytest.raises(ValueError, match="n_keys"):
         RecallTask(n_keys=17)
@@ -300,7 +419,15 @@ def test_recall_task_bad_inputs():
         RecallTask(n_pairs=3.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="block_size"):
         RecallTask().get_batch("train", 2, 24)
+    with pytest.raises(TypeError, match="block_size"):
+        RecallTask().get_batch("train", 2, 23.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="generator"):
+        RecallTask().sample(2, generator=1)  # type: ignore[arg-type]
     assert isinstance(make_task("recall", n_keys=4, max_step=2), RecallTask)
+    with pytest.raises(TypeError, match="'n_key'.*n_keys"):
+        make_task("recall", n_key=4)
+    with pytest.raises(TypeError, match="name"):
+        make_task(None)  # type: ignore[arg-type]
 
 
 def test_induction_attention_score_finds_the_token_after_the_earlier_copy():

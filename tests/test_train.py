@@ -246,9 +246,9 @@ def test_cli_trains_on_a_text_file_and_writes_metrics(tmp_path, corpus_file, cap
     assert metrics["final_val_loss"] == metrics["val_loss_history"][-1] > 0
     assert metrics["device"] == "cpu" and metrics["model_config"]["n_layer"] == 1
     assert "sample:" in capsys.readouterr().out
-    # Resume for two more iterations: the history continues where it stopped.
-    code = main(["--data", str(corpus_file), *TINY, "--max-iters", "6", "--samples", "0",
-                 "--resume", str(ckpt), "--metrics-out", str(metrics_path)])
+    # Resume for two more iterations, the schedule kept where it ended (iteration 4).
+    code = main(["--data", str(corpus_file), *TINY, "--max-iters", "6", "--lr-decay-iters", "4",
+                 "--samples", "0", "--resume", str(ckpt), "--metrics-out", str(metrics_path)])
     resumed = json.loads(metrics_path.read_text())
     assert code == 0 and resumed["train_loss_history"][:4] == metrics["train_loss_history"]
     assert len(resumed["train_loss_history"]) == 6

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import string
 import sysconfig
 import urllib.error
 import urllib.request
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ._validation import check_choice, check_positive_int
+from ._validation import check_choice, check_positive_int, check_positive_real
 
 __all__ = [
     "DEFAULT_CORPUS_MODULES",
@@ -116,15 +117,15 @@ class CharTokenizer:
     def decode(self, ids: Sequence[int] | Tensor) -> str:
         """Token ids (a list or a 1-D long tensor) -> the string they stand for."""
         if isinstance(ids, Tensor):
-            if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
-                raise ValueError(
-                    f"ids must be a 1-D integer tensor, got dtype {ids.dtype} and shape "
-                    f"{tuple(ids.shape)}"
-                )
-            ids = ids.tolist()
+            ids = _check_token_ids(ids, "ids").tolist()
+        elif isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+            raise TypeError(f"ids must be a sequence of ints or a 1-D integer tensor, "
+                            f"got {type(ids).__name__}")
         out = []
         for position, i in enumerate(ids):
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.vocab_size:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise TypeError(f"ids[{position}] must be an int token id, got {i!r}")
+            if not 0 <= i < self.vocab_size:
                 raise ValueError(
                     f"ids[{position}] must be an int in [0, {self.vocab_size}), got {i!r}"
                 )
@@ -158,6 +159,11 @@ def default_corpus(modules: Sequence[str] = DEFAULT_CORPUS_MODULES) -> str:
     the Python version (the standard library changes a little between
     releases), never on the network.
     """
+    if isinstance(modules, str) or not isinstance(modules, Sequence) or not all(
+            isinstance(name, str) for name in modules):
+        raise TypeError(f"modules must be a sequence of file names (str), got {modules!r}")
+    if not modules:
+        raise ValueError("modules must name at least one standard-library file, got none")
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     parts = []
     for name in modules:
@@ -171,15 +177,56 @@ def default_corpus(modules: Sequence[str] = DEFAULT_CORPUS_MODULES) -> str:
     return "\n".join(parts)
 
 
+def _check_token_ids(data: object, name: str) -> Tensor:
+    """A 1-D tensor of integer token ids (not float, not bool); return it."""
+    if not isinstance(data, Tensor):
+        raise TypeError(f"{name} must be a 1-D tensor of token ids, got {type(data).__name__}")
+    if data.is_floating_point() or data.is_complex() or data.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids (e.g. torch.long), got dtype "
+                        f"{data.dtype}")
+    if data.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D tensor of token ids, got shape "
+                         f"{tuple(data.shape)}")
+    return data
+
+
+def _check_device(device: object, name: str) -> torch.device:
+    """A ``torch.device`` or a device string such as ``"cpu"`` or ``"cuda:0"``; return it."""
+    if not isinstance(device, str | torch.device):
+        raise TypeError(f"{name} must be a torch.device or a device string such as 'cpu' "
+                        f"or 'cuda', got {type(device).__name__} {device!r}")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"{name} must name a torch device such as 'cpu', 'cuda' or "
+                         f"'cuda:1', got {device!r}") from None
+
+
+def _check_generator(generator: object) -> None:
+    """``None`` or a CPU ``torch.Generator`` (batch positions are drawn on the host)."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got "
+                        f"{type(generator).__name__}")
+    if generator.device.type != "cpu":
+        raise ValueError(f"generator must be a CPU torch.Generator (batches are drawn on the "
+                         f"host, then copied), got one on {generator.device}")
+
+
+def _check_split(split: object) -> str:
+    if not isinstance(split, str):
+        raise TypeError(f"split must be 'train' or 'val', got {type(split).__name__} {split!r}")
+    return check_choice(split, "split", ("train", "val"))
+
+
 def train_val_split(data: Tensor, train_fraction: float = 0.9) -> tuple[Tensor, Tensor]:
     """Split a 1-D token tensor into its first ``train_fraction`` and the rest (nanoGPT: 90/10).
 
     The split is by position, not random, so validation text is text the model
     has never read.
     """
-    if not isinstance(data, Tensor) or data.dim() != 1:
-        raise ValueError(f"data must be a 1-D tensor of token ids, got {type(data).__name__}"
-                         + (f" of shape {tuple(data.shape)}" if isinstance(data, Tensor) else ""))
+    _check_token_ids(data, "data")
     if isinstance(train_fraction, bool) or not isinstance(train_fraction, float | int):
         raise TypeError(f"train_fraction must be a number in (0, 1), got {train_fraction!r}")
     if not 0.0 < train_fraction < 1.0:
@@ -205,10 +252,12 @@ def get_batch(
     the GPU, only the ``B`` start indices cross from the host (see :func:`to_device`).
     ``device`` is where ``x`` and ``y`` go (default: ``data``'s device).
     """
+    _check_token_ids(data, "data")
     check_positive_int(batch_size, "batch_size")
     check_positive_int(block_size, "block_size")
-    if not isinstance(data, Tensor) or data.dim() != 1:
-        raise ValueError("data must be a 1-D tensor of token ids")
+    _check_generator(generator)
+    if device is not None:
+        _check_device(device, "device")
     if len(data) < block_size + 1:
         raise ValueError(
             f"data has {len(data)} tokens, fewer than block_size + 1 = {block_size + 1}: "
@@ -233,7 +282,9 @@ def to_device(tensor: Tensor, device: torch.device | str) -> Tensor:
     so the host can prepare the next step meanwhile (nanoGPT's ``get_batch``
     does the same). On other devices it is a plain ``.to(device)``.
     """
-    device = torch.device(device)
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    device = _check_device(device, "device")
     if device.type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
@@ -249,6 +300,13 @@ class CharCorpus:
     # Copies of the splits on the devices batches were asked for, made once each: the
     # text (a few MB of ids) then stays on the GPU and a batch is cut there.
     _on_device: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokenizer, CharTokenizer):
+            raise TypeError(f"tokenizer must be a CharTokenizer, got "
+                            f"{type(self.tokenizer).__name__}")
+        _check_token_ids(self.train_data, "train_data")
+        _check_token_ids(self.val_data, "val_data")
 
     @classmethod
     def from_text(cls, text: str, train_fraction: float = 0.9) -> CharCorpus:
@@ -272,7 +330,9 @@ class CharCorpus:
         device: torch.device | str | None = None,
     ) -> tuple[Tensor, Tensor]:
         """A random batch ``(x, y)``, both ``(B, T)``, from the ``"train"`` or ``"val"`` split."""
-        check_choice(split, "split", ("train", "val"))
+        _check_split(split)
+        if device is not None:
+            _check_device(device, "device")
         data = self.train_data if split == "train" else self.val_data
         if device is not None and torch.device(device) != data.device:
             key = (split, str(torch.device(device)))
@@ -290,6 +350,17 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _check_file_name(filename: object) -> None:
+    """A plain file name: no folder part, so the download stays inside the cache folder."""
+    if not isinstance(filename, str):
+        raise TypeError(f"filename must be a str, got {type(filename).__name__}")
+    separators = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+    if (not filename or filename in (".", "..") or any(c in filename for c in separators)
+            or "\0" in filename or Path(filename).is_absolute()):
+        raise ValueError(f"filename must be a plain file name inside cache_dir (no folder, "
+                         f"no '..'), got {filename!r}")
+
+
 def download_tiny_shakespeare(
     cache_dir: str | os.PathLike[str],
     *,
@@ -304,13 +375,26 @@ def download_tiny_shakespeare(
     A file already in the cache with the right SHA-256 is reused without any
     network access. A download whose SHA-256 differs from ``sha256`` is
     deleted and raises ``ValueError``; no network raises ``ConnectionError``
-    with instructions to fetch the file by hand. ``opener`` is
+    with instructions to fetch the file by hand. ``filename`` is a plain file
+    name (no folder, no ``..``: the file stays inside ``cache_dir``), ``sha256``
+    64 hex digits and ``timeout`` a positive number of seconds. ``opener`` is
     ``urllib.request.urlopen`` (tests pass ``file://`` URLs or a stand-in).
     """
-    if not isinstance(url, str) or not url:
-        raise TypeError(f"url must be a non-empty str, got {url!r}")
-    if not isinstance(sha256, str) or len(sha256) != 64:
-        raise ValueError(f"sha256 must be a 64-character hex digest, got {sha256!r}")
+    if not isinstance(cache_dir, str | os.PathLike):
+        raise TypeError(f"cache_dir must be a str or a path, got {type(cache_dir).__name__}")
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, got {type(url).__name__}")
+    if not url:
+        raise ValueError("url must be a non-empty str, got ''")
+    if not isinstance(sha256, str):
+        raise TypeError(f"sha256 must be a str of 64 hex digits, got {type(sha256).__name__}")
+    if len(sha256) != 64 or not set(sha256) <= set(string.hexdigits):
+        raise ValueError(f"sha256 must be a 64-character hex digest (0-9, a-f), got {sha256!r}")
+    _check_file_name(filename)
+    if not callable(opener):
+        raise TypeError(f"opener must be callable like urllib.request.urlopen, got "
+                        f"{type(opener).__name__}")
+    check_positive_real(timeout, "timeout")
     folder = Path(cache_dir)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"cache_dir {str(folder)!r} exists and is not a folder")

@@ -8,14 +8,16 @@ would reach, so a training run can be judged against it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ._validation import check_choice, check_positive_int
-from .data import to_device
+from .data import _check_device, _check_generator, _check_split, to_device
 
 __all__ = ["TASKS", "CopyTask", "RecallTask", "induction_attention_score", "make_task",
            "offset_attention_score"]
@@ -44,7 +46,11 @@ class _NextTokenTask:
         ``split`` is accepted for the trainer's sake; both splits are fresh
         random draws (a synthetic task has no fixed data to overfit).
         """
-        check_choice(split, "split", ("train", "val"))
+        _check_split(split)
+        if block_size is not None:
+            check_positive_int(block_size, "block_size")
+        if device is not None:
+            _check_device(device, "device")
         if block_size is not None and block_size != self.block_size:
             raise ValueError(f"block_size must be {self.block_size} (= {self._block_rule}) for "
                              f"the {type(self).__name__}, got {block_size}")
@@ -111,10 +117,23 @@ class CopyTask(_NextTokenTask):
     ) -> Tensor:
         """Full sequences ``(B, 2n)``: ``n`` random tokens, then the same ``n`` again."""
         check_positive_int(batch_size, "batch_size")
+        _check_generator(generator)
         first = torch.randint(
             self.vocab_size, (batch_size, self.half_length), generator=generator
         )  # (B, n)
         return torch.cat([first, first], dim=1)  # (B, 2n)
+
+def _check_weights(attn_weights: object, min_ndim: int, shape: str) -> None:
+    if not isinstance(attn_weights, Tensor):
+        raise TypeError(f"attn_weights must be a tensor {shape}, got "
+                        f"{type(attn_weights).__name__}")
+    if not attn_weights.is_floating_point():
+        raise TypeError(f"attn_weights must be a floating-point tensor (attention weights), "
+                        f"got dtype {attn_weights.dtype}")
+    if attn_weights.dim() < min_ndim:
+        raise ValueError(f"attn_weights must be a tensor {shape}, got shape "
+                         f"{tuple(attn_weights.shape)}")
+
 
 def offset_attention_score(
     attn_weights: Tensor, offset: int, *, first_query: int | None = None
@@ -129,16 +148,19 @@ def offset_attention_score(
     the copying (the pattern of an *induction head*). A score near 1 means the
     head looks almost only there.
     """
-    if not isinstance(attn_weights, Tensor) or attn_weights.dim() < 2:
-        raise ValueError("attn_weights must be a tensor (..., T, T)")
+    _check_weights(attn_weights, 2, "(..., T, T)")
     time = attn_weights.shape[-1]
     if attn_weights.shape[-2] != time:
         raise ValueError(f"attn_weights must be square (..., T, T), got "
                          f"{tuple(attn_weights.shape)}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < time:
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"offset must be an int in [0, T={time}), got {offset!r}")
+    if not 0 <= offset < time:
         raise ValueError(f"offset must be an int in [0, T={time}), got {offset!r}")
     first = offset if first_query is None else first_query
-    if isinstance(first, bool) or not isinstance(first, int) or not offset <= first < time:
+    if isinstance(first, bool) or not isinstance(first, int):
+        raise TypeError(f"first_query must be an int or None, got {first_query!r}")
+    if not offset <= first < time:
         raise ValueError(f"first_query must be an int in [offset={offset}, T={time}), "
                          f"got {first_query!r}")
     queries = torch.arange(first, time, device=attn_weights.device)  # (Q,)
@@ -168,8 +190,8 @@ class RecallTask(_NextTokenTask):
 
     The walk's steps change from sequence to sequence, so no fixed distance
     points back to the earlier copy of a key; only its content finds it.
-    :meth:`loss_floor` is exact: it follows the probability of every set of
-    keys seen so far, so ``n_keys`` is capped at 16.
+    :meth:`loss_floor` is exact (see :meth:`new_key_probability`) and fast for
+    any ``n_pairs``. ``n_keys`` is capped at 16, the sizes the course uses.
     """
 
     n_keys: int = 8
@@ -182,8 +204,7 @@ class RecallTask(_NextTokenTask):
         for name in ("n_keys", "n_values", "n_pairs", "max_step"):
             check_positive_int(getattr(self, name), name)
         if not 2 <= self.n_keys <= 16:
-            raise ValueError(f"n_keys must be in [2, 16] (the exact floor tracks every set of "
-                             f"keys), got {self.n_keys}")
+            raise ValueError(f"n_keys must be in [2, 16], got {self.n_keys}")
         for name in ("n_values", "n_pairs"):
             if getattr(self, name) < 2:
                 raise ValueError(f"{name} must be at least 2, got {getattr(self, name)}")
@@ -214,26 +235,33 @@ class RecallTask(_NextTokenTask):
     def new_key_probability(self) -> Tensor:
         """``(P,)``: the probability that key ``i`` has not appeared before it (exact).
 
-        The state after each key is the set of keys seen, rotated so that the
-        current key is key 0 (the ring looks the same from every key), with
-        its probability; each of the ``R`` steps moves it on.
+        Key ``i`` repeats key ``j < i`` exactly when the steps between them,
+        ``s_{j+1} + .. + s_i``, add up to a multiple of ``K``. Read backwards
+        from key ``i``, those sums are a walk round the ring that starts at 0
+        and takes the same uniform steps, so key ``i`` is new exactly when that
+        walk has not come back to 0 in ``i`` steps. The probability of every
+        ring position of the walk (``K`` numbers) is carried along, and the
+        part that comes back to 0 is dropped: what is left is the probability
+        that the key is new. ``O(P K^2)`` operations: milliseconds for ``K = 16``
+        and thousands of pairs (it stops once the probability drops below
+        float64's smallest normal number, 2.2e-308; the rest stays 0).
         """
-        ring, full = self.n_keys, (1 << self.n_keys) - 1
-        probs = {1: 1.0}  # seen-set (bit j: key current + j was seen) -> probability
-        new = [1.0]  # the first key is always new
-        for _ in range(self.n_pairs - 1):
-            moved: dict[int, float] = {}
-            p_new = 0.0
-            for seen, p in probs.items():
-                for step in range(1, self.max_step + 1):
-                    if not seen >> step & 1:
-                        p_new += p / self.max_step
-                    # Re-centre on the new key: rotate the ring by `step` places.
-                    rotated = ((seen >> step) | (seen << (ring - step))) & full | 1
-                    moved[rotated] = moved.get(rotated, 0.0) + p / self.max_step
-            probs = moved
-            new.append(p_new)
-        return torch.tensor(new, dtype=torch.float64)
+        ring, reach = self.n_keys, self.max_step
+        step = torch.zeros(ring, ring, dtype=torch.float64)  # (K, K): one step of the walk
+        for position in range(ring):
+            for move in range(1, reach + 1):
+                step[position, (position + move) % ring] += 1.0 / reach
+        walk = torch.zeros(ring, dtype=torch.float64)  # (K,): walks that have not come back
+        walk[0] = 1.0
+        new = torch.zeros(self.n_pairs, dtype=torch.float64)
+        new[0] = 1.0  # the first key is always new
+        for i in range(1, self.n_pairs):
+            walk = walk @ step  # (K,) @ (K, K) -> (K,)
+            walk[0] = 0.0  # back at the key itself: key i repeats an earlier key
+            new[i] = walk.sum()
+            if new[i] < sys.float_info.min:  # below float64's smallest normal number:
+                break  # the rest is smaller still and adds nothing to the floor; left at 0
+        return new
 
     def position_floor(self) -> Tensor:
         """Best expected loss at each predicted position ``(T,)`` (nats)."""
@@ -250,6 +278,7 @@ class RecallTask(_NextTokenTask):
     ) -> Tensor:
         """Full sequences ``(B, 2P)``: ``k_1 v_1 .. k_P v_P``."""
         check_positive_int(batch_size, "batch_size")
+        _check_generator(generator)
         shape = (batch_size, self.n_pairs)
         steps = torch.randint(1, self.max_step + 1, shape, generator=generator)  # (B, P)
         steps[:, 0] = torch.randint(self.n_keys, (batch_size,), generator=generator)
@@ -268,12 +297,15 @@ def induction_attention_score(attn_weights: Tensor, tokens: Tensor) -> Tensor:
     is summed; the score is the mean over those queries and the batch. An
     *induction head* scores near 1; queries with no earlier copy are left out.
     """
-    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-        raise ValueError(f"tokens must be a tensor (B, T), got "
-                         f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else tokens!r}")
+    if not isinstance(tokens, Tensor):
+        raise TypeError(f"tokens must be a tensor (B, T) of token ids, got "
+                        f"{type(tokens).__name__}")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must be a tensor (B, T), got shape {tuple(tokens.shape)}")
     batch, time = tokens.shape
-    if not isinstance(attn_weights, Tensor) or attn_weights.dim() < 3:
-        raise ValueError("attn_weights must be a tensor (..., B, H, T, T) or (B, T, T)")
+    _check_weights(attn_weights, 3, "(..., B, H, T, T) or (B, T, T)")
     squeeze = attn_weights.dim() == 3
     weights = attn_weights.unsqueeze(-3) if squeeze else attn_weights  # (..., B, H, T, T)
     if tuple(weights.shape[-2:]) != (time, time) or weights.shape[-4] != batch:
@@ -299,5 +331,14 @@ TASKS: dict[str, type[Task]] = {"copy": CopyTask, "recall": RecallTask}
 
 def make_task(name: str, **kwargs: int) -> Task:
     """Build a task by its name in :data:`TASKS` (e.g. ``make_task("copy", vocab_size=8)``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a task name (str), one of {tuple(TASKS)}, got "
+                        f"{type(name).__name__}")
     check_choice(name, "name", tuple(TASKS))
-    return TASKS[name](**kwargs)
+    task = TASKS[name]
+    known = tuple(f.name for f in dataclasses.fields(task))
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise TypeError(f"the {name} task has no setting {', '.join(map(repr, unknown))}; "
+                        f"its settings are {known}")
+    return task(**kwargs)
