@@ -49,6 +49,7 @@ __all__ = [
     "RecallTask",
     "TrainConfig",
     "TrainResult",
+    "TrainingDiverged",
     "default_corpus",
     "download_tiny_shakespeare",
     "induction_attention_score",
@@ -92,7 +93,7 @@ __all__ = [
 def __getattr__(name: str):
     # The trainer is imported lazily: importing it here eagerly would make
     # ``python -m course_attn.train`` warn that the module was already loaded.
-    if name in ("TrainConfig", "TrainResult"):
+    if name in ("TrainConfig", "TrainResult", "TrainingDiverged"):
         from . import train
 
         return getattr(train, name)

@@ -136,12 +136,16 @@ def check_bool(value: object, name: str) -> bool:
     return value
 
 
-def check_device(value: object, name: str = "device") -> torch.device | None:
-    """Check a device argument: ``None``, a ``torch.device`` or a string such as ``"cuda:0"``.
+def check_device(value: object, name: str = "device", *,
+                 allow_none: bool = True) -> torch.device | None:
+    """Check a device argument: a ``torch.device``, a string such as ``"cuda:0"``, or ``None``.
 
-    Returns the parsed ``torch.device`` (or ``None``). Only the spelling is
-    checked here, not whether such a device exists on this machine.
+    Returns the parsed ``torch.device`` (or ``None``, where ``allow_none``). Only
+    the spelling is checked here, not whether such a device exists on this machine.
     """
+    if value is None and not allow_none:
+        raise TypeError(f"{name} must be a torch.device or a string such as 'cpu' or "
+                        "'cuda:0', got None")
     if value is None or isinstance(value, torch.device):
         return value
     if not isinstance(value, str):

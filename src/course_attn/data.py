@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ._validation import check_choice, check_positive_int, check_positive_real
+from ._validation import check_choice, check_device, check_positive_int, check_positive_real
 
 __all__ = [
     "DEFAULT_CORPUS_MODULES",
@@ -190,18 +190,6 @@ def _check_token_ids(data: object, name: str) -> Tensor:
     return data
 
 
-def _check_device(device: object, name: str) -> torch.device:
-    """A ``torch.device`` or a device string such as ``"cpu"`` or ``"cuda:0"``; return it."""
-    if not isinstance(device, str | torch.device):
-        raise TypeError(f"{name} must be a torch.device or a device string such as 'cpu' "
-                        f"or 'cuda', got {type(device).__name__} {device!r}")
-    try:
-        return torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"{name} must name a torch device such as 'cpu', 'cuda' or "
-                         f"'cuda:1', got {device!r}") from None
-
-
 def _check_generator(generator: object) -> None:
     """``None`` or a CPU ``torch.Generator`` (batch positions are drawn on the host)."""
     if generator is None:
@@ -257,7 +245,7 @@ def get_batch(
     check_positive_int(block_size, "block_size")
     _check_generator(generator)
     if device is not None:
-        _check_device(device, "device")
+        check_device(device, "device")
     if len(data) < block_size + 1:
         raise ValueError(
             f"data has {len(data)} tokens, fewer than block_size + 1 = {block_size + 1}: "
@@ -284,7 +272,7 @@ def to_device(tensor: Tensor, device: torch.device | str) -> Tensor:
     """
     if not isinstance(tensor, Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
-    device = _check_device(device, "device")
+    device = check_device(device, "device", allow_none=False)
     if device.type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
@@ -332,7 +320,7 @@ class CharCorpus:
         """A random batch ``(x, y)``, both ``(B, T)``, from the ``"train"`` or ``"val"`` split."""
         _check_split(split)
         if device is not None:
-            _check_device(device, "device")
+            check_device(device, "device")
         data = self.train_data if split == "train" else self.val_data
         if device is not None and torch.device(device) != data.device:
             key = (split, str(torch.device(device)))

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._validation import check_choice, check_positive_int
-from .data import _check_device, _check_generator, _check_split, to_device
+from ._validation import check_choice, check_device, check_positive_int
+from .data import _check_generator, _check_split, to_device
 
 __all__ = ["TASKS", "CopyTask", "RecallTask", "induction_attention_score", "make_task",
            "offset_attention_score"]
@@ -50,7 +50,7 @@ class _NextTokenTask:
         if block_size is not None:
             check_positive_int(block_size, "block_size")
         if device is not None:
-            _check_device(device, "device")
+            check_device(device, "device")
         if block_size is not None and block_size != self.block_size:
             raise ValueError(f"block_size must be {self.block_size} (= {self._block_rule}) for "
                              f"the {type(self).__name__}, got {block_size}")

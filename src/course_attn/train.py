@@ -36,8 +36,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ._validation import check_choice, check_positive_int, check_positive_real
-from .data import CharCorpus, CharTokenizer, _check_device, default_corpus, load_text
+from ._validation import check_choice, check_device, check_positive_int, check_positive_real
+from .data import CharCorpus, CharTokenizer, default_corpus, load_text
 from .env import pick_device
 from .model import GPTConfig, MiniGPT
 from .tasks import TASKS, CopyTask, RecallTask, make_task
@@ -272,7 +272,7 @@ def amp_dtype(device: torch.device | str, *, amp: bool = True,
     ``bf16_native=None`` asks ``torch.cuda.is_bf16_supported(including_emulation=False)``;
     tests pass it explicitly to cover each kind of GPU on any machine.
     """
-    device = _check_device(device, "device")
+    device = check_device(device, "device", allow_none=False)
     if not isinstance(amp, bool):
         raise TypeError(f"amp must be a bool, got {amp!r}")
     if bf16_native is not None and not isinstance(bf16_native, bool):
@@ -305,7 +305,7 @@ def estimate_loss(model: nn.Module, data: BatchSource, config: TrainConfig, *,
                         f"(a CharCorpus or a task), got {type(data).__name__}")
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    device = (_check_device(device, "device") if device is not None
+    device = (check_device(device, "device") if device is not None
               else next(model.parameters()).device)
     dtype = amp_dtype(device, amp=config.amp)
     block_size = model.config.block_size
@@ -529,7 +529,7 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: str | torch.d
     "... is not a readable course_attn checkpoint" and why.
     """
     source = _check_path(path, "path")
-    _check_device(map_location, "map_location")
+    check_device(map_location, "map_location", allow_none=False)
     if not source.is_file():
         raise FileNotFoundError(f"checkpoint {str(source)!r} is not an existing file")
     checkpoint = _read_checkpoint(source, map_location)
@@ -926,7 +926,7 @@ def check_preset_device(preset: str, device: torch.device | str, *, vocab_size: 
         raise TypeError(f"preset must be a str, one of {tuple(PRESETS)}, got "
                         f"{type(preset).__name__}")
     check_choice(preset, "preset", tuple(PRESETS))
-    device = _check_device(device, "device")
+    device = check_device(device, "device", allow_none=False)
     check_positive_int(vocab_size, "vocab_size")
     if cpu_flops is not None:
         check_positive_real(cpu_flops, "cpu_flops")
