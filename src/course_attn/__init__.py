@@ -3,6 +3,7 @@
 Each public name states in its docstring the chapter that derives it.
 """
 
+from . import diagrams
 from .attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
 from .data import (
     CharCorpus,
@@ -51,6 +52,7 @@ __all__ = [
     "TrainResult",
     "TrainingDiverged",
     "default_corpus",
+    "diagrams",
     "download_tiny_shakespeare",
     "induction_attention_score",
     "load_text",
