@@ -164,6 +164,7 @@ class PageReport:
     console_errors: list[str] = field(default_factory=list)
     broken_links: list[str] = field(default_factory=list)
     broken_images: list[str] = field(default_factory=list)
+    figure_problems: list[str] = field(default_factory=list)
     links_checked: int = 0
     images_checked: int = 0
     formulas: int = 0
@@ -188,6 +189,7 @@ class PageReport:
             ("console error", self.console_errors),
             ("broken internal link", self.broken_links),
             ("broken image", self.broken_images),
+            ("figure", self.figure_problems),
             ("math", self.math_errors),
             ("widget", self.widget_errors),
         ]:
@@ -294,7 +296,16 @@ _COLLECT = """() => {
 }"""
 
 _IMAGES = """() => Array.from(document.images).map(img => ({
-    src: img.currentSrc || img.src, ok: img.complete && img.naturalWidth > 0}))"""
+    src: img.currentSrc || img.src, ok: img.complete && img.naturalWidth > 0,
+    output: !!img.closest('.cell_output'), alt: img.getAttribute('alt') || '',
+    linked: !!img.closest('a.course-figure-link')}))"""
+
+
+def _check_figure(src: str, image: dict, report: PageReport) -> None:
+    """A figure a cell printed: it opens at full size on click (tools/course_site.py)."""
+    name = src.rsplit("/", 1)[-1][:16]
+    if not image["linked"]:
+        report.figure_problems.append(f"{name}... does not open at full size on click")
 
 
 def _ids_in(html: str) -> set[str]:
@@ -352,6 +363,8 @@ def check_page(context, base_url: str, page_path: str, *, chapter: bool = False,
             status = http_get(src, cache)[0] if src.startswith(base_url) else None
             if not image["ok"] or status not in (None, 200):
                 report.broken_images.append(f"{src} (HTTP {status}, decoded={image['ok']})")
+            if image["output"] and not src.startswith("data:"):  # data: = drawn by a widget
+                _check_figure(src, image, report)
         _check_links(info["links"], base_url, report, cache)
         _wait_quiet(page, pending, report)
         if screenshot is not None:

@@ -16,6 +16,8 @@
 3. Exact duplicate inline scripts are dropped: under Sphinx 7 the inline ``<script>`` bodies
    that extensions add while reading (sphinx-thebe's ``const THEBE_JS_URL ...``) are
    written twice, and the second ``const`` is a SyntaxError in the console of every page.
+4. Every figure a cell outputs opens at full size when clicked (a link to the image file,
+   added when the page loads): the column shows figures at most 700 px wide.
 """
 
 from __future__ import annotations
@@ -51,6 +53,22 @@ document.addEventListener("DOMContentLoaded", function () {
       return mj.typesetPromise(element ? [element] : undefined);
     });
   }};
+});"""
+
+
+FIGURE_LINKS = """\
+document.addEventListener("DOMContentLoaded", function () {
+  document.querySelectorAll(".cell_output img").forEach(function (img) {
+    if (img.closest("a")) return;
+    var link = document.createElement("a");
+    link.href = img.getAttribute("src");
+    link.target = "_blank";
+    link.title = "Open the figure at full size";
+    link.className = "course-figure-link";
+    img.parentNode.insertBefore(link, img);
+    link.appendChild(img);
+    img.style.cursor = "zoom-in";
+  });
 });"""
 
 
@@ -94,6 +112,12 @@ def _widget_page_scripts(app: Sphinx, pagename: str, templatename: str, context:
     app.add_js_file(None, body=MATHJAX2_HUB_SHIM)
 
 
+def _figure_links(app: Sphinx, pagename: str, templatename: str, context: dict,
+                  doctree: object) -> None:
+    if pagename.startswith("notebooks/"):  # the chapters: the pages with cell outputs
+        app.add_js_file(None, body=FIGURE_LINKS)
+
+
 def _drop_duplicate_inline_scripts(app: Sphinx, pagename: str, templatename: str,
                                    context: dict, doctree: object) -> None:
     seen: set[tuple] = set()
@@ -111,5 +135,6 @@ def setup(app: Sphinx) -> dict:
     # After myst-nb registered nb_ipywidgets_js, before it reads it at builder-inited.
     app.connect("config-inited", _use_local_widget_scripts)
     app.connect("html-page-context", _widget_page_scripts)
+    app.connect("html-page-context", _figure_links)
     app.connect("html-page-context", _drop_duplicate_inline_scripts, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
