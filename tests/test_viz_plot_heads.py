@@ -68,3 +68,31 @@ def test_ncols_and_axes_together_are_refused():
     with pytest.raises(ValueError, match="ncols or axes, not both"):
         viz.plot_heads(_weights(2), axes=list(grid), ncols=2)
     plt.close(fig)
+
+
+def test_max_width_caps_the_figure_and_keeps_the_height():
+    weights = _weights(4, t=8)
+    wide = viz.plot_heads(weights, ncols=2)[0].figure.get_size_inches()
+    capped = viz.plot_heads(weights, ncols=2, max_width=7)[0].figure.get_size_inches()
+    assert wide[0] > 7 and capped[0] == pytest.approx(7.0)
+    assert capped[1] == pytest.approx(wide[1])
+    roomy = viz.plot_heads(weights, ncols=2, max_width=50)[0].figure.get_size_inches()
+    assert roomy[0] == pytest.approx(wide[0])  # a cap above the natural width changes nothing
+    plt.close("all")
+
+
+@pytest.mark.parametrize(
+    "max_width, error, phrase",
+    [(0, ValueError, "max_width must be a positive"), (-3.0, ValueError, "positive"),
+     ("7", TypeError, "got str"), (True, TypeError, "got bool")],
+)
+def test_bad_max_width(max_width, error, phrase):
+    with pytest.raises(error, match=phrase):
+        viz.plot_heads(_weights(2), max_width=max_width)
+
+
+def test_max_width_and_axes_together_are_refused():
+    fig, grid = plt.subplots(1, 2)
+    with pytest.raises(ValueError, match="max_width or axes, not both"):
+        viz.plot_heads(_weights(2), axes=list(grid), max_width=7)
+    plt.close(fig)

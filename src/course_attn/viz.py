@@ -252,6 +252,7 @@ def plot_heads(
     axes: Sequence[Axes] | None = None,
     annotate: bool | None = False,
     ncols: int | None = None,
+    max_width: float | None = None,
 ) -> list[Axes]:
     """One labelled heatmap per head of ``weights (H, T_q, T_k)`` (Chapter 6).
 
@@ -259,7 +260,9 @@ def plot_heads(
     ``axes`` the heads are laid out ``ncols`` per row (default: all in one
     row), wrapping into as many rows as needed; unused cells of the last row
     are hidden. ``ncols=2`` keeps each heatmap readable in a 700 px column.
-    With ``axes`` given, ``ncols`` must be None.
+    ``max_width`` (inches) caps the figure's width, narrowing every column
+    (e.g. ``max_width=7`` for the course's 700 px column); the height stays.
+    With ``axes`` given, ``ncols`` and ``max_width`` must be None.
     """
     data = _to_numpy(weights, "weights")
     if data.ndim != 3:
@@ -277,6 +280,15 @@ def plot_heads(
             raise ValueError(f"ncols must be a positive int or None, got {ncols}")
         if axes is not None:
             raise ValueError("ncols lays out new axes: give ncols or axes, not both")
+    if max_width is not None:
+        if isinstance(max_width, bool) or not isinstance(max_width, int | float):
+            raise TypeError(f"max_width must be a positive number of inches or None, "
+                            f"got {type(max_width).__name__} {max_width!r}")
+        if not max_width > 0:
+            raise ValueError(f"max_width must be a positive number of inches or None, "
+                             f"got {max_width}")
+        if axes is not None:
+            raise ValueError("max_width sizes new axes: give max_width or axes, not both")
     if axes is not None:
         if not hasattr(axes, "__len__") or isinstance(axes, Axes):
             raise TypeError(f"axes must be a sequence of {n_heads} matplotlib Axes or None, "
@@ -287,6 +299,8 @@ def plot_heads(
         cols = min(n_heads, ncols or n_heads)
         rows = -(-n_heads // cols)  # ceil(H / ncols)
         width = max(3.0, 1.2 + 0.45 * data.shape[2])
+        if max_width is not None:
+            width = min(width, max_width / cols)
         height = max(2.5, 1.0 + 0.45 * data.shape[1])
         fig, grid = plt.subplots(rows, cols, figsize=(width * cols, height * rows),
                                  squeeze=False)
