@@ -449,3 +449,56 @@ def test_induction_attention_score_finds_the_token_after_the_earlier_copy():
         induction_attention_score(perfect[:, :5, :5], tokens)
     with pytest.raises(ValueError, match="occurred earlier"):
         induction_attention_score(perfect, torch.arange(6)[None])
+
+
+def _recall_oracle_head(task: RecallTask, tokens: torch.Tensor) -> torch.Tensor:
+    """(B, T, T): a key query looks at the value after its key's latest earlier copy;
+    every other query (values, new keys) looks at itself."""
+    batch, time = tokens.shape
+    weights = torch.zeros(batch, time, time)
+    for b in range(batch):
+        for t in range(time):
+            earlier = [j for j in range(0, t - 1, 2) if tokens[b, j] == tokens[b, t]]
+            source = earlier[-1] + 1 if t % 2 == 0 and earlier else t
+            weights[b, t, source] = 1.0
+    return weights
+
+
+def test_induction_score_on_recall_counts_key_queries_only():
+    task = RecallTask()
+    tokens, targets = task.get_batch("val", 64, generator=torch.Generator().manual_seed(3))
+    oracle = _recall_oracle_head(task, tokens)  # (B, T, T)
+    keys = task.key_positions
+    # the oracle's key queries read exactly the value they must predict
+    looked_up = tokens.gather(1, oracle.argmax(dim=-1))[:, keys]  # (B, P)
+    repeated = torch.stack([(tokens[:, :t:2] == tokens[:, t:t + 1]).any(1) for t in keys], 1)
+    assert torch.equal(looked_up[repeated], targets[:, keys][repeated])
+    assert induction_attention_score(oracle, tokens, queries=keys).item() == pytest.approx(1.0)
+    everything = induction_attention_score(oracle, tokens).item()
+    assert 0.3 < everything < 0.7  # value queries with an earlier copy drag it to about 1/2
+    as_mask = torch.zeros(task.block_size, dtype=torch.bool)
+    as_mask[keys] = True
+    per_row = as_mask.expand(64, -1)
+    for form in (as_mask, per_row):
+        assert induction_attention_score(oracle, tokens, queries=form).item() == pytest.approx(1.0)
+    stacked = torch.stack([oracle, torch.full_like(oracle, 1 / task.block_size)], 1)  # (B, H=2)
+    score = induction_attention_score(stacked, tokens, queries=keys)
+    assert score.shape == (2,) and score[0].item() == pytest.approx(1.0) and score[1] < 0.2
+
+
+@pytest.mark.parametrize(
+    "queries, error, phrase",
+    [
+        ([0, 2], TypeError, "queries must be None, a tensor"),
+        (torch.tensor([0.0, 2.0]), TypeError, "integer positions"),
+        (torch.tensor([[0, 2]]), TypeError, "integer positions"),
+        (torch.tensor([0, 6]), ValueError, r"positions in \[0, T=6\)"),
+        (torch.tensor([-1]), ValueError, r"positions in \[0, T=6\)"),
+        (torch.ones(5, dtype=torch.bool), ValueError, r"shape \(T=6,\) or \(B=1, T=6\)"),
+        (torch.tensor([0, 1, 2]), ValueError, "no scored query"),  # none has an earlier copy
+    ],
+)
+def test_induction_score_bad_queries(queries, error, phrase):
+    tokens = torch.tensor([[5, 2, 7, 5, 2, 7]])
+    with pytest.raises(error, match=phrase):
+        induction_attention_score(torch.full((1, 6, 6), 1 / 6), tokens, queries=queries)

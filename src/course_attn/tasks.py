@@ -288,14 +288,50 @@ class RecallTask(_NextTokenTask):
         values = table.gather(1, keys)  # (B, P)
         return torch.stack([keys, values], dim=2).reshape(batch_size, 2 * self.n_pairs)
 
-def induction_attention_score(attn_weights: Tensor, tokens: Tensor) -> Tensor:
+def _query_mask(queries: object, batch: int, time: int, device: torch.device) -> Tensor:
+    """``queries`` (None, positions ``(Q,)`` or a boolean ``(T,)`` / ``(B, T)``) -> ``(B, T)``."""
+    if queries is None:
+        return torch.ones(batch, time, dtype=torch.bool, device=device)
+    if not isinstance(queries, Tensor):
+        raise TypeError(f"queries must be None, a tensor of query positions (Q,) or a boolean "
+                        f"mask (T,) or (B, T), got {type(queries).__name__}")
+    if queries.dtype == torch.bool:
+        if tuple(queries.shape) not in ((time,), (batch, time)):
+            raise ValueError(f"queries as a boolean mask must have shape (T={time},) or "
+                             f"(B={batch}, T={time}), got {tuple(queries.shape)}")
+        return queries.to(device).expand(batch, time)
+    if queries.is_floating_point() or queries.is_complex() or queries.dim() != 1:
+        raise TypeError(f"queries must be a 1-D tensor of integer positions (Q,) or a boolean "
+                        f"mask, got dtype {queries.dtype} and shape {tuple(queries.shape)}")
+    if queries.numel() and not (0 <= int(queries.min()) and int(queries.max()) < time):
+        raise ValueError(f"queries must hold positions in [0, T={time}), got "
+                         f"{queries.min().item()} .. {queries.max().item()}")
+    mask = torch.zeros(time, dtype=torch.bool, device=device)
+    mask[queries.to(device)] = True
+    return mask.expand(batch, time)
+
+
+def induction_attention_score(
+    attn_weights: Tensor, tokens: Tensor, *, queries: Tensor | None = None
+) -> Tensor:
     """Mean weight a query puts on the tokens that followed earlier copies of its own token.
 
     ``attn_weights (..., B, H, T, T)`` (or ``(B, T, T)``) and ``tokens (B, T)``
-    -> ``(..., H)`` (or a scalar). For every query ``t`` whose token occurred
-    before, at some ``j`` with ``j + 1 < t``, the weight on the keys ``j + 1``
-    is summed; the score is the mean over those queries and the batch. An
-    *induction head* scores near 1; queries with no earlier copy are left out.
+    -> ``(..., H)`` (or a scalar). For every scored query ``t`` whose token
+    occurred before, at some ``j`` with ``j + 1 < t``, the weight on the keys
+    ``j + 1`` is summed; the score is the mean over those queries and the
+    batch. Queries with no earlier copy are left out.
+
+    ``queries`` limits the scoring to the queries where "the token after the
+    earlier copy" is the right thing to look at: positions ``(Q,)`` such as
+    :attr:`RecallTask.key_positions`, or a boolean mask ``(T,)`` or ``(B, T)``
+    (``True`` = scored). Default: every query. A head that always attends to
+    the token after the earlier copy scores 1, but only if that is the right
+    rule for every scored query: in :class:`RecallTask` a repeated *value*
+    (two keys that drew the same value) has an earlier copy too, yet the next
+    token is the next key, not what followed that copy. Scored over all
+    queries, a perfect recall head scores only about 0.5 there; pass
+    ``queries=task.key_positions`` (Chapter 8).
     """
     if not isinstance(tokens, Tensor):
         raise TypeError(f"tokens must be a tensor (B, T) of token ids, got "
@@ -311,13 +347,15 @@ def induction_attention_score(attn_weights: Tensor, tokens: Tensor) -> Tensor:
     if tuple(weights.shape[-2:]) != (time, time) or weights.shape[-4] != batch:
         raise ValueError(f"attn_weights must end in (B={batch}, H, T={time}, T={time}) to "
                          f"match tokens, got {tuple(attn_weights.shape)}")
+    scored = _query_mask(queries, batch, time, tokens.device)  # (B, T)
     same = tokens[:, :, None] == tokens[:, None, :]  # (B, T, T): query t, earlier j
     earlier = torch.ones(time, time, dtype=torch.bool, device=tokens.device).tril(-2)
     target = torch.zeros(batch, time, time, device=weights.device)  # (B, T, T): keys j + 1
     target[:, :, 1:] = (same & earlier)[:, :, :-1].to(weights.device, torch.float32)
-    has_copy = target.sum(dim=-1) > 0  # (B, T)
+    has_copy = (target.sum(dim=-1) > 0) & scored.to(weights.device)  # (B, T)
     if not has_copy.any():
-        raise ValueError("tokens has no query whose token occurred earlier: nothing to score")
+        raise ValueError("tokens has no scored query whose token occurred earlier: nothing "
+                         "to score")
     picked = (weights.float() * target[:, None]).sum(dim=-1)  # (..., B, H, T)
     score = (picked * has_copy[:, None]).sum(dim=(-3, -1)) / has_copy.sum()  # (..., H)
     return score.squeeze(-1) if squeeze else score

@@ -251,10 +251,18 @@ def plot_heads(
     head_names: Sequence[str] | None = None,
     axes: Sequence[Axes] | None = None,
     annotate: bool | None = False,
+    ncols: int | None = None,
+    max_width: float | None = None,
 ) -> list[Axes]:
-    """One labelled heatmap per head of ``weights (H, T_q, T_k)``, side by side (Chapter 6).
+    """One labelled heatmap per head of ``weights (H, T_q, T_k)`` (Chapter 6).
 
-    All heads share the colour scale 0..1 so they can be compared.
+    All heads share the colour scale 0..1 so they can be compared. Without
+    ``axes`` the heads are laid out ``ncols`` per row (default: all in one
+    row), wrapping into as many rows as needed; unused cells of the last row
+    are hidden. ``ncols=2`` keeps each heatmap readable in a 700 px column.
+    ``max_width`` (inches) caps the figure's width, narrowing every column
+    (e.g. ``max_width=7`` for the course's 700 px column); the height stays.
+    With ``axes`` given, ``ncols`` and ``max_width`` must be None.
     """
     data = _to_numpy(weights, "weights")
     if data.ndim != 3:
@@ -264,6 +272,23 @@ def plot_heads(
     _check_labels(x_labels, data.shape[2], "x_labels")
     _check_labels(y_labels, data.shape[1], "y_labels")
     _check_flag(annotate, "annotate", none_ok=True)
+    if ncols is not None:
+        if isinstance(ncols, bool) or not isinstance(ncols, int | np.integer):
+            raise TypeError(f"ncols must be a positive int or None, "
+                            f"got {type(ncols).__name__} {ncols!r}")
+        if ncols < 1:
+            raise ValueError(f"ncols must be a positive int or None, got {ncols}")
+        if axes is not None:
+            raise ValueError("ncols lays out new axes: give ncols or axes, not both")
+    if max_width is not None:
+        if isinstance(max_width, bool) or not isinstance(max_width, int | float):
+            raise TypeError(f"max_width must be a positive number of inches or None, "
+                            f"got {type(max_width).__name__} {max_width!r}")
+        if not max_width > 0:
+            raise ValueError(f"max_width must be a positive number of inches or None, "
+                             f"got {max_width}")
+        if axes is not None:
+            raise ValueError("max_width sizes new axes: give max_width or axes, not both")
     if axes is not None:
         if not hasattr(axes, "__len__") or isinstance(axes, Axes):
             raise TypeError(f"axes must be a sequence of {n_heads} matplotlib Axes or None, "
@@ -271,10 +296,18 @@ def plot_heads(
         for ax in axes:
             _check_ax(ax, "axes")
     if axes is None:
+        cols = min(n_heads, ncols or n_heads)
+        rows = -(-n_heads // cols)  # ceil(H / ncols)
         width = max(3.0, 1.2 + 0.45 * data.shape[2])
-        _, grid = plt.subplots(1, n_heads, figsize=(width * n_heads, max(2.5, 1.0 + 0.45 *
-                                                                          data.shape[1])))
-        axes = list(np.atleast_1d(grid))
+        if max_width is not None:
+            width = min(width, max_width / cols)
+        height = max(2.5, 1.0 + 0.45 * data.shape[1])
+        fig, grid = plt.subplots(rows, cols, figsize=(width * cols, height * rows),
+                                 squeeze=False)
+        cells = list(grid.flat)  # row by row
+        for spare in cells[n_heads:]:
+            fig.delaxes(spare)
+        axes = cells[:n_heads]
     if len(axes) != n_heads:
         raise ValueError(f"axes must have {n_heads} entries (one per head), got {len(axes)}")
     for h, ax in enumerate(axes):
