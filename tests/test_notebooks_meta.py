@@ -157,3 +157,45 @@ def test_ignored_outputs_still_assert(path):
 @notebook_params
 def test_notebook_is_in_the_toc(path):
     assert path.relative_to(ROOT).with_suffix("").as_posix() in _toc_files()
+
+
+CODE_COLUMN = 84  # characters the site's code column shows without scrolling
+FIGURE_COLUMN_PX = 720  # the content column is about 700 px wide
+
+
+def _png_width(data: str) -> int:
+    import base64
+    import struct
+
+    return struct.unpack(">I", base64.b64decode(data[:44])[16:20])[0]
+
+
+@notebook_params
+def test_code_and_printed_lines_fit_the_site_column(path):
+    too_long = []
+    for index, cell in enumerate(_code_cells(_load(path)), start=1):
+        lines = _source(cell).splitlines()
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                lines += "".join(out.get("text", "")).splitlines()
+        too_long += [f"code cell {index}: {line[:60]}..." for line in lines
+                     if len(line) > CODE_COLUMN]
+    assert not too_long, f"{path.name}: lines over {CODE_COLUMN} characters:\n" + "\n".join(
+        too_long[:10])
+
+
+@notebook_params
+def test_figures_fit_the_column_and_have_alt_text(path):
+    for index, cell in enumerate(_code_cells(_load(path)), start=1):
+        images = [out["data"]["image/png"] for out in cell.get("outputs", [])
+                  if "image/png" in out.get("data", {})]
+        if not images:
+            continue
+        alt = cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt", "")
+        assert len(alt.strip()) >= 12, f"{path.name}, code cell {index}: no alt text"
+        for data in images:
+            width = _png_width(data if isinstance(data, str) else "".join(data))
+            assert width <= FIGURE_COLUMN_PX, (
+                f"{path.name}, code cell {index}: a figure {width} px wide is squeezed into "
+                f"the {FIGURE_COLUMN_PX} px column"
+            )
