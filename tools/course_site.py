@@ -18,6 +18,8 @@
    written twice, and the second ``const`` is a SyntaxError in the console of every page.
 4. Every figure a cell outputs opens at full size when clicked (a link to the image file,
    added when the page loads): the column shows figures at most 700 px wide.
+5. ``tools/static/course.css``: on a phone, long code lines wrap instead of running off the
+   screen.
 """
 
 from __future__ import annotations
@@ -131,7 +133,14 @@ def _drop_duplicate_inline_scripts(app: Sphinx, pagename: str, templatename: str
     context["script_files"][:] = unique
 
 
+def _course_css(app: Sphinx, config: Config) -> None:
+    config.html_static_path = [*config.html_static_path,
+                               str(Path(__file__).resolve().parent / "static")]
+
+
 def setup(app: Sphinx) -> dict:
+    app.connect("config-inited", _course_css)
+    app.add_css_file("course.css")
     # After myst-nb registered nb_ipywidgets_js, before it reads it at builder-inited.
     app.connect("config-inited", _use_local_widget_scripts)
     app.connect("html-page-context", _widget_page_scripts)
