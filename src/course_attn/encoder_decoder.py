@@ -33,7 +33,7 @@ from ._validation import (
     check_tensor,
     values_checkable,
 )
-from .layers import KVCache, PositionalEncoding, TransformerBlock
+from .layers import KVCache, PositionalEncoding, TransformerBlock, check_caches
 
 __all__ = [
     "Decoder",
@@ -184,20 +184,7 @@ class Decoder(nn.Module):
 
     def _check_caches(self, caches: object) -> int:
         """Validate ``caches``; return the number of cached positions ``T_cache``."""
-        if not isinstance(caches, list | tuple):
-            raise TypeError(f"caches must be a list of {len(self.blocks)} KVCache (one per "
-                            f"layer, see new_caches()), got {type(caches).__name__}")
-        if len(caches) != len(self.blocks):
-            raise ValueError(f"caches must be a list of {len(self.blocks)} KVCache (one per "
-                             f"layer, see new_caches()), got {caches!r}")
-        if not all(isinstance(cache, KVCache) for cache in caches):
-            raise TypeError(f"caches must hold KVCache objects, got "
-                            f"{[type(cache).__name__ for cache in caches]}")
-        lengths = {cache.length for cache in caches}
-        if len(lengths) != 1:
-            raise ValueError(f"the caches of the layers hold different lengths {sorted(lengths)}; "
-                             "create them together with new_caches()")
-        return lengths.pop()
+        return check_caches(caches, len(self.blocks))
 
     def forward(self, tgt: Tensor, memory: Tensor, *, tgt_key_padding_mask: Tensor | None = None,
                 memory_key_padding_mask: Tensor | None = None,

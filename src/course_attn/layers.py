@@ -118,6 +118,28 @@ class KVCache:
         return k, v
 
 
+def check_caches(caches: object, n_layers: int) -> int:
+    """Check one :class:`KVCache` per layer (from ``new_caches()``); return ``T_cache``.
+
+    Shared by every stack that decodes with a cache (``MiniGPT``, the decoder of
+    ``EncoderDecoder``): a list of ``n_layers`` caches that all hold the same length.
+    """
+    if not isinstance(caches, list | tuple):
+        raise TypeError(f"caches must be a list of {n_layers} KVCache (one per layer, see "
+                        f"new_caches()), got {type(caches).__name__}")
+    if len(caches) != n_layers:
+        raise ValueError(f"caches must be a list of {n_layers} KVCache (one per layer, see "
+                         f"new_caches()), got {len(caches)}")
+    if not all(isinstance(cache, KVCache) for cache in caches):
+        raise TypeError(f"caches must hold KVCache objects, got "
+                        f"{[type(cache).__name__ for cache in caches]}")
+    lengths = {cache.length for cache in caches}
+    if len(lengths) != 1:
+        raise ValueError(f"the caches of the layers hold different lengths {sorted(lengths)}; "
+                         "create them together with new_caches()")
+    return lengths.pop()
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, self or cross (Chapter 6), with an optional KV cache (Chapter 7).
 

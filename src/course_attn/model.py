@@ -28,7 +28,7 @@ from ._validation import (
     values_checkable,
 )
 from .attention import ATTENTION_IMPLS
-from .layers import KVCache, TransformerBlock
+from .layers import KVCache, TransformerBlock, check_caches
 from .masks import causal_mask
 
 __all__ = ["GPTConfig", "MiniGPT"]
@@ -203,18 +203,7 @@ class MiniGPT(nn.Module):
         batch, time = idx.shape
         past = 0
         if caches is not None:
-            if (not isinstance(caches, list | tuple)
-                    or not all(isinstance(c, KVCache) for c in caches)):
-                raise TypeError(f"caches must be a list of {len(self.blocks)} KVCache objects "
-                                f"(one per block, see new_caches()), got {caches!r}")
-            if len(caches) != len(self.blocks):
-                raise ValueError(f"caches must be a list of {len(self.blocks)} KVCache objects "
-                                 f"(one per block, see new_caches()), got {len(caches)}")
-            lengths = {c.length for c in caches}
-            if len(lengths) != 1:
-                raise ValueError(f"caches hold different lengths {sorted(lengths)}; create "
-                                 "them together with new_caches()")
-            past = caches[0].length
+            past = check_caches(caches, len(self.blocks))
         if past + time > self.config.block_size:
             raise ValueError(f"the sequence has {past + time} tokens (T={time}"
                              + (f" after {past} cached" if past else "")
