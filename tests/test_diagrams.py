@@ -298,7 +298,7 @@ def test_kv_cache_steps_counts_what_each_step_computes(draw):
     ("qkv_data_flow", {"d_v": True}, TypeError, r"^d_v must be a positive int"),
     ("qkv_data_flow", {"d_model": 13}, ValueError, r"^d_model must be at most 12"),
     ("self_attention_shapes", {"t": 3, "row": 3}, ValueError, r"^row must be a row of A.*2"),
-    ("self_attention_shapes", {"row": -1}, ValueError, r"^row must be >= 0"),
+    ("self_attention_shapes", {"row": -1}, ValueError, r"^row must be an int >= 0"),
     ("self_attention_shapes", {"d": "3"}, TypeError, r"^d must be a positive int"),
     ("dot_vs_cosine", {"query": (0, 0)}, ValueError, r"^query must not be the zero vector"),
     ("dot_vs_cosine", {"key_near": (1, 2, 3)}, TypeError, r"^key_near must be a pair"),

@@ -28,13 +28,16 @@ def case(t_q: int, t_k: int, seed: int = 0, batch: tuple[int, ...] = (2, 3), d_v
     return q, k, v
 
 
-def both_paths(q, k, v, mask, *, is_causal, block_q, block_k):
+def assert_paths_agree(q, k, v, mask, *, is_causal, block_q, block_k):
+    """Tiled and manual attention: the same outputs and gradients, to float64 round-off."""
     out = tiled_attention(q, k, v, mask, is_causal=is_causal, block_q=block_q, block_k=block_k)
     ref, _ = scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal)
+    assert_close(out, ref, atol=1e-12, rtol=1e-12)
     grad = torch.randn_like(out)
     tiled_grads = torch.autograd.grad(out, (q, k, v), grad)
     manual_grads = torch.autograd.grad(ref, (q, k, v), grad)
-    return out, ref, tiled_grads, manual_grads
+    for tiled_grad, manual_grad in zip(tiled_grads, manual_grads, strict=True):
+        assert_close(tiled_grad, manual_grad, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -46,11 +49,7 @@ def both_paths(q, k, v, mask, *, is_causal, block_q, block_k):
 def test_equals_the_manual_path_in_outputs_and_gradients(t_q, t_k, block_q, block_k, is_causal):
     q, k, v = case(t_q, t_k)
     mask = torch.rand(2, 1, t_q, t_k, generator=torch.Generator().manual_seed(1)) > 0.3
-    out, ref, tiled_grads, manual_grads = both_paths(q, k, v, mask, is_causal=is_causal,
-                                                     block_q=block_q, block_k=block_k)
-    assert_close(out, ref, atol=1e-12, rtol=1e-12)
-    for tiled_grad, manual_grad in zip(tiled_grads, manual_grads, strict=True):
-        assert_close(tiled_grad, manual_grad, atol=1e-12, rtol=1e-12)
+    assert_paths_agree(q, k, v, mask, is_causal=is_causal, block_q=block_q, block_k=block_k)
 
 
 def test_equals_pytorch_sdpa_without_a_mask_and_with_is_causal():
@@ -123,11 +122,7 @@ def test_batch_dimensions_broadcast_and_half_precision_keeps_its_dtype():
 def test_property_random_shapes_blocks_and_masks(t_q, t_k, block_q, block_k, causal, seed):
     q, k, v = case(t_q, t_k, seed=seed, batch=(2,))
     mask = torch.rand(2, t_q, t_k, generator=torch.Generator().manual_seed(seed)) > 0.4
-    out, ref, tiled_grads, manual_grads = both_paths(q, k, v, mask, is_causal=causal,
-                                                     block_q=block_q, block_k=block_k)
-    assert_close(out, ref, atol=1e-12, rtol=1e-12)
-    for tiled_grad, manual_grad in zip(tiled_grads, manual_grads, strict=True):
-        assert_close(tiled_grad, manual_grad, atol=1e-12, rtol=1e-12)
+    assert_paths_agree(q, k, v, mask, is_causal=causal, block_q=block_q, block_k=block_k)
 
 
 def test_online_softmax_equals_softmax_with_masked_and_empty_rows():

@@ -34,7 +34,7 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.patches import Arc, Circle, FancyArrowPatch, FancyBboxPatch, Rectangle
 from matplotlib.textpath import TextToPath
 
-from ._validation import check_positive_int
+from ._validation import check_nonnegative_int, check_positive_int
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -115,20 +115,12 @@ def _shape(symbols: Sequence[str], values: Sequence[int] | None = None) -> str:
 
 def _check_int(value: object, name: str, low: int = 1, high: int | None = None) -> int:
     """An int in ``[low, high]``; the upper bound keeps the drawing readable."""
-    value = check_positive_int(value, name) if low >= 1 else _check_nonnegative_int(value, name)
+    value = check_positive_int(value, name) if low >= 1 else check_nonnegative_int(value, name)
     if value < low:
         raise ValueError(f"{name} must be at least {low}, got {value}")
     if high is not None and value > high:
         raise ValueError(f"{name} must be at most {high} to keep the drawing readable, "
                          f"got {value}")
-    return value
-
-
-def _check_nonnegative_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
     return value
 
 
@@ -343,7 +335,7 @@ def self_attention_shapes(t: int = 4, d: int = 3, row: int = 1) -> Figure:
     """  # noqa: E501
     t = _check_int(t, "t", high=8)
     d = _check_int(d, "d", high=8)
-    row = _check_nonnegative_int(row, "row")
+    row = check_nonnegative_int(row, "row")
     if row >= t:
         raise ValueError(f"row must be a row of A, from 0 to t - 1 = {t - 1}, got {row}")
 
