@@ -121,8 +121,8 @@ def main() -> None:
     for impl in ("manual", "sdpa"):
         for compiled in (False, True) if compiled_too else (False,):
             torch.manual_seed(0)  # same initial weights for every variant
-            config = GPTConfig(vocab_size=vocab, block_size=block, n_layer=preset["n_layer"],
-                               n_head=preset["n_head"], d_model=preset["d_model"],
+            config = GPTConfig(vocab_size=vocab, block_size=block, n_layers=preset["n_layers"],
+                               n_heads=preset["n_heads"], d_model=preset["d_model"],
                                dropout=preset["dropout"], impl=impl)
             model = MiniGPT(config).to(device).train()
             name = f"{impl}{' compiled' if compiled else ''}"
@@ -141,8 +141,8 @@ def main() -> None:
     model0 = next(iter(variants.values()))[0]
     peak = peak_flops(device)
     where = torch.cuda.get_device_name(device) if gpu else f"{torch.get_num_threads()} threads"
-    print(f"MiniGPT {model0.num_parameters() / 1e6:.2f}M parameters: {preset['n_layer']} layers "
-          f"x {preset['n_head']} heads, width {preset['d_model']}, context {block}, batch "
+    print(f"MiniGPT {model0.num_parameters() / 1e6:.2f}M parameters: {preset['n_layers']} layers "
+          f"x {preset['n_heads']} heads, width {preset['d_model']}, context {block}, batch "
           f"{batch}; {device} ({where}), {amp_dtype(device) or torch.float32}, "
           f"torch {torch.__version__}")
     print(f"1. model step (forward, backward, AdamW), median of {args.rounds} rounds of "
@@ -171,8 +171,8 @@ def main() -> None:
     for impl in ("manual", "sdpa"):
         for compiled in (False, True) if compiled_too else (False,):
             torch.manual_seed(0)
-            config = GPTConfig(vocab_size=vocab, block_size=block, n_layer=preset["n_layer"],
-                               n_head=preset["n_head"], d_model=preset["d_model"],
+            config = GPTConfig(vocab_size=vocab, block_size=block, n_layers=preset["n_layers"],
+                               n_heads=preset["n_heads"], d_model=preset["d_model"],
                                dropout=preset["dropout"], impl=impl)
             result = train(MiniGPT(config), corpus,
                            TrainConfig(max_iters=iters, batch_size=batch, eval_interval=iters,

@@ -44,7 +44,7 @@ from course_attn import (
     merge_heads,
     padding_mask,
     pick_device,
-    positions_from_padding_mask,
+    positions_from_attention_mask,
     scaled_dot_product_attention,
     seed_everything,
     simple_self_attention,
@@ -89,7 +89,7 @@ def _bool(*shape: int) -> torch.Tensor:
 
 torch.manual_seed(0)
 V = 7
-GPT = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layer=1, n_head=2, d_model=8)).eval()
+GPT = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layers=1, n_heads=2, d_model=8)).eval()
 ED_CONFIG = EncoderDecoderConfig(src_vocab_size=V, tgt_vocab_size=V, d_model=8, n_heads=2,
                                  n_layers=1)
 ED = EncoderDecoder(ED_CONFIG).eval()
@@ -163,11 +163,11 @@ case("combine_masks", "t_q", ValueError, lambda: combine_masks(0, 4))
 case("combine_masks", "t_k", ValueError, lambda: combine_masks(4, 0))
 case("combine_masks", "attn_mask", TypeError, lambda: combine_masks(3, 3, attn_mask=[[True]]))
 case("combine_masks", "attn_mask", ValueError,
-     lambda: combine_masks(3, 3, attn_mask=_bool(2, 3, 3), key_padding_mask=_bool(3, 3)))
-case("combine_masks", "key_padding_mask", ValueError,
-     lambda: combine_masks(3, 3, key_padding_mask=_bool(2, 4)))
-case("combine_masks", "key_padding_mask", TypeError,
-     lambda: combine_masks(3, 3, key_padding_mask=torch.ones(2, 3)))
+     lambda: combine_masks(3, 3, attn_mask=_bool(2, 3, 3), attention_mask=_bool(3, 3)))
+case("combine_masks", "attention_mask", ValueError,
+     lambda: combine_masks(3, 3, attention_mask=_bool(2, 4)))
+case("combine_masks", "attention_mask", TypeError,
+     lambda: combine_masks(3, 3, attention_mask=torch.ones(2, 3)))
 case("combine_masks", "is_causal", TypeError, lambda: combine_masks(3, 3, is_causal=1))
 case("combine_masks", "device", ValueError, lambda: combine_masks(3, 3, device="gpu"))
 
@@ -199,10 +199,10 @@ case("MultiHeadAttention.forward", "query", ValueError, lambda: MHA(Q))
 case("MultiHeadAttention.forward", "query", ValueError, lambda: MHA(torch.ones(2, 0, 8)))
 case("MultiHeadAttention.forward", "key", ValueError, lambda: MHA(X8, MEMORY[:1], MEMORY[:1]))
 case("MultiHeadAttention.forward", "value", TypeError, lambda: MHA(X8, MEMORY, "v"))
-case("MultiHeadAttention.forward", "key_padding_mask", TypeError,
-     lambda: MHA(X8, key_padding_mask=torch.ones(2, 3)))
-case("MultiHeadAttention.forward", "key_padding_mask", ValueError,
-     lambda: MHA(X8, key_padding_mask=_bool(2, 4)))
+case("MultiHeadAttention.forward", "attention_mask", TypeError,
+     lambda: MHA(X8, attention_mask=torch.ones(2, 3)))
+case("MultiHeadAttention.forward", "attention_mask", ValueError,
+     lambda: MHA(X8, attention_mask=_bool(2, 4)))
 case("MultiHeadAttention.forward", "attn_mask", TypeError,
      lambda: MHA(X8, attn_mask=torch.zeros(3, 3)))
 case("MultiHeadAttention.forward", "attn_mask", ValueError, lambda: MHA(X8, attn_mask=_bool(3, 4)))
@@ -242,17 +242,17 @@ case("TransformerBlock.forward", "x", TypeError, lambda: BLOCK(X8.double()))
 case("TransformerBlock.forward", "memory", ValueError, lambda: BLOCK(X8, memory=MEMORY))
 case("TransformerBlock.forward", "memory", TypeError, lambda: CROSS_BLOCK(X8, memory=[1.0]))
 case("TransformerBlock.forward", "memory", ValueError, lambda: CROSS_BLOCK(X8, memory=MEMORY[:1]))
-case("TransformerBlock.forward", "memory_key_padding_mask", TypeError,
-     lambda: CROSS_BLOCK(X8, memory=MEMORY, memory_key_padding_mask=torch.ones(2, 5)))
-case("TransformerBlock.forward", "key_padding_mask", ValueError,
-     lambda: BLOCK(X8, key_padding_mask=_bool(2, 2)))
+case("TransformerBlock.forward", "memory_attention_mask", TypeError,
+     lambda: CROSS_BLOCK(X8, memory=MEMORY, memory_attention_mask=torch.ones(2, 5)))
+case("TransformerBlock.forward", "attention_mask", ValueError,
+     lambda: BLOCK(X8, attention_mask=_bool(2, 2)))
 case("TransformerBlock.forward", "is_causal", TypeError, lambda: BLOCK(X8, is_causal="no"))
 case("TransformerBlock.forward", "cache", TypeError, lambda: BLOCK(X8, cache=[]))
 
 # ---------------------------------------------------------------------- model
 case("GPTConfig", "vocab_size", TypeError, lambda: GPTConfig(vocab_size="7", block_size=8))
 case("GPTConfig", "block_size", ValueError, lambda: GPTConfig(vocab_size=7, block_size=0))
-case("GPTConfig", "n_head", ValueError, lambda: GPTConfig(vocab_size=7, block_size=8, n_head=3))
+case("GPTConfig", "n_heads", ValueError, lambda: GPTConfig(vocab_size=7, block_size=8, n_heads=3))
 case("GPTConfig", "bias", TypeError, lambda: GPTConfig(vocab_size=7, block_size=8, bias="no"))
 case("GPTConfig", "tie_weights", TypeError,
      lambda: GPTConfig(vocab_size=7, block_size=8, tie_weights=None))
@@ -306,22 +306,22 @@ for cls in (Encoder, Decoder, EncoderDecoder):
                                                                            block_size=8)))
 case("Encoder.forward", "src", TypeError, lambda: ED.encoder(IDX.float()))
 case("Encoder.forward", "src", ValueError, lambda: ED.encoder(IDX - 1))
-case("Encoder.forward", "src_key_padding_mask", TypeError, lambda: ED.encoder(IDX, IDX))
-case("Encoder.forward", "src_key_padding_mask", ValueError, lambda: ED.encoder(IDX, _bool(2, 4)))
+case("Encoder.forward", "src_attention_mask", TypeError, lambda: ED.encoder(IDX, IDX))
+case("Encoder.forward", "src_attention_mask", ValueError, lambda: ED.encoder(IDX, _bool(2, 4)))
 case("Decoder.forward", "tgt", TypeError, lambda: ED.decoder([[1]], MEMORY))
 case("Decoder.forward", "tgt", ValueError, lambda: ED.decoder(_long(2, 0), MEMORY))
 case("Decoder.forward", "memory", TypeError, lambda: ED.decoder(IDX, MEMORY.tolist()))
 case("Decoder.forward", "memory", ValueError, lambda: ED.decoder(IDX, MEMORY[:1]))
-case("Decoder.forward", "tgt_key_padding_mask", ValueError,
-     lambda: ED.decoder(IDX, MEMORY, tgt_key_padding_mask=_bool(2, 4)))
-case("Decoder.forward", "memory_key_padding_mask", TypeError,
-     lambda: ED.decoder(IDX, MEMORY, memory_key_padding_mask=torch.ones(2, 5)))
+case("Decoder.forward", "tgt_attention_mask", ValueError,
+     lambda: ED.decoder(IDX, MEMORY, tgt_attention_mask=_bool(2, 4)))
+case("Decoder.forward", "memory_attention_mask", TypeError,
+     lambda: ED.decoder(IDX, MEMORY, memory_attention_mask=torch.ones(2, 5)))
 case("Decoder.forward", "caches", TypeError, lambda: ED.decoder(IDX, MEMORY, caches=KVCache()))
 case("Decoder.forward", "caches", ValueError, lambda: ED.decoder(IDX, MEMORY, caches=[]))
 case("EncoderDecoder.forward", "src", TypeError, lambda: ED("src", IDX))
 case("EncoderDecoder.forward", "tgt", ValueError, lambda: ED(IDX, IDX + V))
-case("EncoderDecoder.forward", "tgt_key_padding_mask", TypeError,
-     lambda: ED(IDX, IDX, tgt_key_padding_mask=IDX))
+case("EncoderDecoder.forward", "tgt_attention_mask", TypeError,
+     lambda: ED(IDX, IDX, tgt_attention_mask=IDX))
 case("EncoderDecoder.greedy_decode", "max_new_tokens", TypeError,
      lambda: ED.greedy_decode(IDX, IDX, "2"))
 case("EncoderDecoder.greedy_decode", "max_new_tokens", ValueError,
@@ -330,14 +330,14 @@ case("EncoderDecoder.greedy_decode", "use_cache", TypeError,
      lambda: ED.greedy_decode(IDX, IDX, 2, use_cache="no"))
 case("EncoderDecoder.greedy_decode", "prompt", TypeError,
      lambda: ED.greedy_decode(IDX, IDX.float(), 2))
-case("EncoderDecoder.greedy_decode", "prompt_key_padding_mask", ValueError,
-     lambda: ED.greedy_decode(IDX, IDX, 2, prompt_key_padding_mask=RIGHT_PADDED))
-case("EncoderDecoder.greedy_decode", "src_key_padding_mask", ValueError,
-     lambda: ED.greedy_decode(IDX, IDX, 2, src_key_padding_mask=_bool(2, 5)))
-case("positions_from_padding_mask", "key_padding_mask", TypeError,
-     lambda: positions_from_padding_mask([[True]]))
-case("positions_from_padding_mask", "key_padding_mask", ValueError,
-     lambda: positions_from_padding_mask(_bool(3)))
+case("EncoderDecoder.greedy_decode", "prompt_attention_mask", ValueError,
+     lambda: ED.greedy_decode(IDX, IDX, 2, prompt_attention_mask=RIGHT_PADDED))
+case("EncoderDecoder.greedy_decode", "src_attention_mask", ValueError,
+     lambda: ED.greedy_decode(IDX, IDX, 2, src_attention_mask=_bool(2, 5)))
+case("positions_from_attention_mask", "attention_mask", TypeError,
+     lambda: positions_from_attention_mask([[True]]))
+case("positions_from_attention_mask", "attention_mask", ValueError,
+     lambda: positions_from_attention_mask(_bool(3)))
 case("block_gradient_norms", "n_layers", TypeError, lambda: block_gradient_norms("2", norm_first=1))
 case("block_gradient_norms", "n_layers", ValueError, lambda: block_gradient_norms(0,
                                                                                    norm_first=True))

@@ -32,7 +32,7 @@ from course_attn import (
     block_gradient_norms,
     causal_mask,
     padding_mask,
-    positions_from_padding_mask,
+    positions_from_attention_mask,
     sinusoidal_table,
     to_torch_mha_mask,
 )
@@ -89,7 +89,7 @@ def test_encoder_block_matches_torch_encoder_layer(norm_first, activation, dtype
     x = torch.randn(3, 6, D, generator=g, dtype=dtype)
     mask = padding_mask([6, 4, 1])  # (B, T): a full row, a padded one, a single token
     with torch.set_grad_enabled(grad_enabled):
-        ours = block(x, key_padding_mask=mask)
+        ours = block(x, attention_mask=mask)
         theirs = ref(x, src_key_padding_mask=to_torch_mha_mask(mask))
     assert ours.shape == (3, 6, D)
     assert_close(ours, theirs, **_tol(dtype))
@@ -116,8 +116,8 @@ def test_decoder_block_matches_torch_decoder_layer(norm_first):
     x = torch.randn(2, 5, D, generator=g, dtype=dtype)  # target (B, T_t, D)
     memory = torch.randn(2, 7, D, generator=g, dtype=dtype)  # encoder output (B, T_s, D)
     tgt_mask, mem_mask = padding_mask([5, 3]), padding_mask([4, 7])
-    ours = block(x, key_padding_mask=tgt_mask, is_causal=True, memory=memory,
-                 memory_key_padding_mask=mem_mask)
+    ours = block(x, attention_mask=tgt_mask, is_causal=True, memory=memory,
+                 memory_attention_mask=mem_mask)
     theirs = ref(x, memory, tgt_mask=to_torch_mha_mask(causal_mask(5)),
                  tgt_key_padding_mask=~tgt_mask, memory_key_padding_mask=~mem_mask)
     assert_close(ours, theirs, **_tol(dtype))
@@ -171,11 +171,11 @@ def test_positional_encoding_adds_the_table_rows_at_the_given_positions():
 
 def test_positions_from_padding_mask_count_from_the_first_real_token():
     mask = padding_mask([3, 5, 1], side="left")  # (3, 5)
-    positions = positions_from_padding_mask(mask)
+    positions = positions_from_attention_mask(mask)
     assert positions.dtype == torch.long
     assert positions[mask].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0]
     right = padding_mask([3, 5, 1])
-    assert positions_from_padding_mask(right)[right].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0]
+    assert positions_from_attention_mask(right)[right].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0]
 
 
 def test_attention_block_is_permutation_equivariant_until_positions_are_added():
@@ -225,14 +225,14 @@ def _toy_batch():
 def test_padded_source_tokens_never_change_the_output(norm_first):
     model = _toy_model(norm_first)
     src, src_mask, tgt, tgt_mask = _toy_batch()
-    out = model(src, tgt, src_key_padding_mask=src_mask, tgt_key_padding_mask=tgt_mask)
+    out = model(src, tgt, src_attention_mask=src_mask, tgt_attention_mask=tgt_mask)
     src2 = src.clone()
     src2[~src_mask] = (src2[~src_mask] + 3) % 11  # change every padded source token
-    out2 = model(src2, tgt, src_key_padding_mask=src_mask, tgt_key_padding_mask=tgt_mask)
+    out2 = model(src2, tgt, src_attention_mask=src_mask, tgt_attention_mask=tgt_mask)
     assert_close(out2[tgt_mask], out[tgt_mask], atol=1e-12, rtol=0)
     src3 = src.clone()
     src3[1, 0] = (src3[1, 0] + 1) % 11  # a real source token does matter
-    out3 = model(src3, tgt, src_key_padding_mask=src_mask, tgt_key_padding_mask=tgt_mask)
+    out3 = model(src3, tgt, src_attention_mask=src_mask, tgt_attention_mask=tgt_mask)
     assert (out3[1] - out[1]).abs().max() > 1e-6
 
 
@@ -240,23 +240,23 @@ def test_padded_source_tokens_never_change_the_output(norm_first):
 def test_future_and_padded_target_tokens_never_change_earlier_outputs(norm_first):
     model = _toy_model(norm_first)
     src, src_mask, tgt, tgt_mask = _toy_batch()
-    out = model(src, tgt, src_key_padding_mask=src_mask, tgt_key_padding_mask=tgt_mask)
+    out = model(src, tgt, src_attention_mask=src_mask, tgt_attention_mask=tgt_mask)
     for t in range(1, 5):
         tgt2 = tgt.clone()
         tgt2[:, t] = (tgt2[:, t] + 5) % 13  # change the token at position t in every row
-        out2 = model(src, tgt2, src_key_padding_mask=src_mask, tgt_key_padding_mask=tgt_mask)
+        out2 = model(src, tgt2, src_attention_mask=src_mask, tgt_attention_mask=tgt_mask)
         assert_close(out2[:, :t], out[:, :t], atol=1e-12, rtol=0)
         assert (out2[0, t] - out[0, t]).abs().max() > 1e-6  # row 0 is all real
     tgt3 = tgt.clone()
     tgt3[~tgt_mask] = 0  # change every padded target token
-    out3 = model(src, tgt3, src_key_padding_mask=src_mask, tgt_key_padding_mask=tgt_mask)
+    out3 = model(src, tgt3, src_attention_mask=src_mask, tgt_attention_mask=tgt_mask)
     assert_close(out3[tgt_mask], out[tgt_mask], atol=1e-12, rtol=0)
 
 
 def test_left_and_right_padding_give_the_same_per_sequence_results():
     model = _toy_model()
     src, src_mask, tgt, tgt_mask = _toy_batch()
-    out = model(src, tgt, src_key_padding_mask=src_mask, tgt_key_padding_mask=tgt_mask)
+    out = model(src, tgt, src_attention_mask=src_mask, tgt_attention_mask=tgt_mask)
     for row in range(3):
         n_src, n_tgt = int(src_mask[row].sum()), int(tgt_mask[row].sum())
         alone = model(src[row:row + 1, :n_src], tgt[row:row + 1, :n_tgt])  # no padding at all
@@ -266,8 +266,8 @@ def test_left_and_right_padding_give_the_same_per_sequence_results():
     src_lmask = padding_mask([6, 4, 2], side="left")
     tgt_lmask = padding_mask([5, 3, 4], side="left")
     src_left[src_lmask], tgt_left[tgt_lmask] = src[src_mask], tgt[tgt_mask]
-    out_left = model(src_left, tgt_left, src_key_padding_mask=src_lmask,
-                     tgt_key_padding_mask=tgt_lmask)
+    out_left = model(src_left, tgt_left, src_attention_mask=src_lmask,
+                     tgt_attention_mask=tgt_lmask)
     assert_close(out_left[tgt_lmask], out[tgt_mask], atol=1e-12, rtol=1e-10)
 
 
@@ -275,7 +275,7 @@ def test_cross_attention_gives_zero_weight_to_padded_source_keys():
     block = TransformerBlock(D, H, cross_attention=True)
     memory, mem_mask = torch.randn(2, 6, D), padding_mask([6, 3])
     _, weights = block.cross_attn(torch.randn(2, 4, D), memory, memory,
-                                  key_padding_mask=mem_mask, need_weights=True)
+                                  attention_mask=mem_mask, need_weights=True)
     assert weights.shape == (2, H, 4, 6)  # (B, H, T_q, T_k): T_q target rows, T_k source keys
     assert torch.equal(weights[1, :, :, 3:], torch.zeros(H, 4, 3))
     assert_close(weights.sum(-1), torch.ones(2, H, 4))
@@ -339,25 +339,25 @@ def test_block_rejects_memory_where_it_does_not_belong(blocks):
         encoder(x, memory=memory)
     with pytest.raises(ValueError, match="memory must be given.*cross_attention=True"):
         decoder(x)
-    with pytest.raises(ValueError, match="memory_key_padding_mask was given without memory"):
-        encoder(x, memory_key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="memory_attention_mask was given without memory"):
+        encoder(x, memory_attention_mask=torch.ones(2, 4, dtype=torch.bool))
 
 
 def test_block_rejects_masks_of_the_wrong_shape_or_dtype(blocks):
     encoder, decoder = blocks
     x, memory = torch.randn(2, 3, 8), torch.randn(2, 4, 8)
-    with pytest.raises(ValueError, match="key_padding_mask"):
-        encoder(x, key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="key_padding_mask must have shape.*B=2"):
-        encoder(x, key_padding_mask=torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attention_mask"):
+        encoder(x, attention_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attention_mask must have shape.*B=2"):
+        encoder(x, attention_mask=torch.ones(3, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="attn_mask"):
         encoder(x, attn_mask=torch.ones(3, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="memory_key_padding_mask"):
-        decoder(x, memory=memory, memory_key_padding_mask=torch.ones(2, 3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="memory_key_padding_mask"):
-        decoder(x, memory=memory, memory_key_padding_mask=torch.ones(3, 4, dtype=torch.bool))
-    with pytest.raises(TypeError, match="memory_key_padding_mask must have dtype torch.bool"):
-        decoder(x, memory=memory, memory_key_padding_mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="memory_attention_mask"):
+        decoder(x, memory=memory, memory_attention_mask=torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="memory_attention_mask"):
+        decoder(x, memory=memory, memory_attention_mask=torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="memory_attention_mask must have dtype torch.bool"):
+        decoder(x, memory=memory, memory_attention_mask=torch.ones(2, 4))
 
 
 def test_block_constructor_rejects_bad_options():
@@ -389,8 +389,8 @@ def test_positions_out_of_range_or_of_the_wrong_kind_are_rejected():
     model = _toy_model()
     with pytest.raises(ValueError, match="max_len=32"):
         model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 33, dtype=torch.long))
-    with pytest.raises(TypeError, match="key_padding_mask must have dtype torch.bool"):
-        positions_from_padding_mask(torch.ones(2, 3))
+    with pytest.raises(TypeError, match="attention_mask must have dtype torch.bool"):
+        positions_from_attention_mask(torch.ones(2, 3))
 
 
 def test_encoder_decoder_rejects_bad_tokens_masks_and_configs():
@@ -400,10 +400,10 @@ def test_encoder_decoder_rejects_bad_tokens_masks_and_configs():
         model(src + 11, tgt)
     with pytest.raises(TypeError, match="tgt must hold token ids as torch.long"):
         model(src, tgt.int())
-    with pytest.raises(ValueError, match=r"src_key_padding_mask must have shape \(B, T\)=\(3, 6\)"):
-        model(src, tgt, src_key_padding_mask=src_mask[:, :5])
-    with pytest.raises(ValueError, match="tgt_key_padding_mask"):
-        model(src, tgt, tgt_key_padding_mask=tgt_mask[:2])
+    with pytest.raises(ValueError, match=r"src_attention_mask must have shape \(B, T\)=\(3, 6\)"):
+        model(src, tgt, src_attention_mask=src_mask[:, :5])
+    with pytest.raises(ValueError, match="tgt_attention_mask"):
+        model(src, tgt, tgt_attention_mask=tgt_mask[:2])
     with pytest.raises(ValueError, match="d_model=10 must be divisible by n_heads=4"):
         EncoderDecoderConfig(src_vocab_size=5, tgt_vocab_size=5, d_model=10)
     with pytest.raises(TypeError, match="norm_first must be a bool"):
@@ -476,5 +476,5 @@ def test_feed_forward_and_blocks_pass_nan_through_without_scanning_values():
     x[0, 2, 0] = float("nan")
     assert torch.isnan(block(x)).all()  # every token attends to token 2: no error, NaN
     # a padded token is contained: its garbage never reaches a real token
-    out = block(x, key_padding_mask=torch.tensor([[True, True, False, True]]))
+    out = block(x, attention_mask=torch.tensor([[True, True, False, True]]))
     assert torch.isfinite(out[0, [0, 1, 3]]).all() and torch.isnan(out[0, 2]).all()

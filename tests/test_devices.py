@@ -27,7 +27,7 @@ V, T = 11, 6
 
 def meta_gpt(impl: str, dropout: float = 0.1) -> MiniGPT:
     with META:
-        return MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layer=2, n_head=2, d_model=16,
+        return MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layers=2, n_heads=2, d_model=16,
                                  dropout=dropout, impl=impl))
 
 
@@ -105,8 +105,8 @@ def test_multi_head_attention_on_meta_with_every_mask(impl, masks):
         "causal": dict(is_causal=True),
         "attn_mask_2d": dict(attn_mask=torch.ones(T, T, dtype=torch.bool, device=META)),
         "attn_mask_3d": dict(attn_mask=torch.ones(2, T, T, dtype=torch.bool, device=META)),
-        "key_padding": dict(key_padding_mask=left_padding()),
-        "all": dict(is_causal=True, key_padding_mask=left_padding(),
+        "key_padding": dict(attention_mask=left_padding()),
+        "all": dict(is_causal=True, attention_mask=left_padding(),
                     attn_mask=torch.ones(T, T, dtype=torch.bool, device=META)),
     }[masks]
     out = mha(x, **kwargs)
@@ -125,7 +125,7 @@ def test_multi_head_attention_cache_and_cross_attention_on_meta():
     mha(x[:, :4], is_causal=True, cache=cache)
     step = mha(x[:, 4:5], is_causal=True, cache=cache)  # T_q=1 < T_k=5: bottom-right mask
     memory = torch.randn(2, 3, 16, device=META)
-    cross = mha(x, memory, memory, key_padding_mask=padding_mask([3, 2], device=META))
+    cross = mha(x, memory, memory, attention_mask=padding_mask([3, 2], device=META))
     assert all_on_meta(step, cross, cache.k)
 
 
@@ -149,9 +149,9 @@ def test_transformer_blocks_and_positional_encoding_on_meta():
         decoder_block = TransformerBlock(16, 2, cross_attention=True, norm_first=False)
         positional = PositionalEncoding(16, max_len=32)
     x = torch.randn(2, T, 16, device=META)
-    memory = encoder_block(x, key_padding_mask=left_padding())
+    memory = encoder_block(x, attention_mask=left_padding())
     out = decoder_block(x, is_causal=True, memory=memory,
-                        memory_key_padding_mask=left_padding())
+                        memory_attention_mask=left_padding())
     positions = torch.arange(T, device=META).expand(2, T)
     assert all_on_meta(memory, out, positional(x), positional(x, positions))
 
@@ -163,12 +163,12 @@ def test_encoder_decoder_forward_backward_and_greedy_decode_on_meta():
                                                     dropout=0.1))
     src, tgt = ids(), ids(time=4)
     src_mask = left_padding()
-    logits = model(src, tgt, src_key_padding_mask=src_mask,
-                   tgt_key_padding_mask=padding_mask([4, 2], 4, device=META))
+    logits = model(src, tgt, src_attention_mask=src_mask,
+                   tgt_attention_mask=padding_mask([4, 2], 4, device=META))
     logits.sum().backward()
     model.eval()
     for use_cache in (True, False):
-        out = model.greedy_decode(src, tgt[:, :1], 3, src_key_padding_mask=src_mask,
+        out = model.greedy_decode(src, tgt[:, :1], 3, src_attention_mask=src_mask,
                                   use_cache=use_cache)
         assert out.shape == (2, 4) and out.device == META
     assert logits.device == META
@@ -191,7 +191,7 @@ def test_batches_are_made_on_the_asked_device():
 def test_minigpt_forward_and_loss_compile_without_graph_breaks(impl, padded):
     """No value reads: torch.compile sees one graph (a break would also be a GPU sync)."""
     torch.manual_seed(0)
-    model = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layer=2, n_head=2, d_model=16,
+    model = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layers=2, n_heads=2, d_model=16,
                               dropout=0.1, impl=impl))
     idx = torch.randint(V, (2, 8))
     mask = padding_mask([8, 5], 8, side="left") if padded else None
@@ -215,7 +215,7 @@ def test_plain_causal_sdpa_uses_is_causal_and_no_mask_tensor(monkeypatch):
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     torch.manual_seed(0)
-    model = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layer=2, n_head=2, d_model=16,
+    model = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layers=2, n_heads=2, d_model=16,
                               impl="sdpa")).eval()
     idx = torch.randint(V, (2, 6))
     model(idx)

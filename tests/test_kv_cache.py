@@ -25,7 +25,7 @@ from course_attn import (
     TransformerBlock,
     decode_step_seconds,
     padding_mask,
-    positions_from_padding_mask,
+    positions_from_attention_mask,
 )
 
 TOL = {"atol": 1e-10, "rtol": 1e-8}
@@ -72,12 +72,12 @@ def test_decoder_only_stack_with_cache_matches_full_pass_with_left_padding(norm_
               for _ in range(2)]
     pe = PositionalEncoding(D, max_len=32)
     x, mask = _left_padded_batch([6, 3, 1], 6, seed=3)
-    positions = positions_from_padding_mask(mask)  # (B, T): 0 at each row's first real token
+    positions = positions_from_attention_mask(mask)  # (B, T): 0 at each row's first real token
 
     def run(h, kpm, pos, caches=None):
         h = pe(h, pos)
         for i, block in enumerate(blocks):
-            h = block(h, key_padding_mask=kpm, is_causal=True,
+            h = block(h, attention_mask=kpm, is_causal=True,
                       cache=None if caches is None else caches[i])
         return h
 
@@ -108,12 +108,12 @@ def test_encoder_decoder_incremental_decoding_matches_full_pass_every_step(norm_
     src, src_mask = torch.randint(9, (3, 5), generator=g), padding_mask([5, 2, 4])
     tgt, tgt_mask = torch.randint(10, (3, 7), generator=g), padding_mask([7, 4, 2], side="left")
     memory = model.encoder(src, src_mask)
-    full = model.decoder(tgt, memory, tgt_key_padding_mask=tgt_mask,
-                         memory_key_padding_mask=src_mask)  # (B, T_t, V)
+    full = model.decoder(tgt, memory, tgt_attention_mask=tgt_mask,
+                         memory_attention_mask=src_mask)  # (B, T_t, V)
     caches = model.new_caches()
     for t in range(7):
-        logits = model.decoder(tgt[:, t:t + 1], memory, tgt_key_padding_mask=tgt_mask[:, :t + 1],
-                               memory_key_padding_mask=src_mask, caches=caches)  # (B, 1, V)
+        logits = model.decoder(tgt[:, t:t + 1], memory, tgt_attention_mask=tgt_mask[:, :t + 1],
+                               memory_attention_mask=src_mask, caches=caches)  # (B, 1, V)
         real = tgt_mask[:, t]
         assert_close(logits[real, 0], full[real, t], **TOL)
     assert all(cache.length == 7 for cache in caches)
@@ -125,7 +125,7 @@ def test_greedy_decoding_is_identical_with_and_without_the_cache():
     src, src_mask = torch.randint(9, (3, 6), generator=g), padding_mask([6, 3, 5])
     prompt = torch.randint(10, (3, 3), generator=g)
     prompt_mask = padding_mask([3, 1, 2], side="left")
-    kwargs = {"src_key_padding_mask": src_mask, "prompt_key_padding_mask": prompt_mask}
+    kwargs = {"src_attention_mask": src_mask, "prompt_attention_mask": prompt_mask}
     cached = model.greedy_decode(src, prompt, 8, use_cache=True, **kwargs)
     uncached = model.greedy_decode(src, prompt, 8, use_cache=False, **kwargs)
     assert cached.shape == (3, 11)
@@ -158,9 +158,9 @@ def test_a_cache_used_with_a_mismatched_batch_or_mask_is_rejected():
     block(torch.randn(2, 3, D), is_causal=True, cache=cache)
     with pytest.raises(ValueError, match="the cache holds"):
         block(torch.randn(3, 1, D), is_causal=True, cache=cache)
-    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, T_k\) with T_k=4"):
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \(B, T_k\) with T_k=4"):
         block(torch.randn(2, 1, D), is_causal=True, cache=cache,
-              key_padding_mask=torch.ones(2, 1, dtype=torch.bool))  # covers only the new key
+              attention_mask=torch.ones(2, 1, dtype=torch.bool))  # covers only the new key
     with pytest.raises(TypeError, match="cache must be a KVCache"):
         block(torch.randn(2, 1, D), cache=[])
     with pytest.raises(ValueError, match="cache is for self-attention"):
@@ -178,8 +178,8 @@ def test_decoder_rejects_bad_caches():
         model.decoder(tgt, memory, caches=[KVCache(), "cache"])
     caches = model.new_caches()
     model.decoder(torch.zeros(2, 2, dtype=torch.long), memory, caches=caches)
-    with pytest.raises(ValueError, match=r"tgt_key_padding_mask must have shape \(B, T\)=\(2, 3\)"):
-        model.decoder(tgt, memory, caches=caches, tgt_key_padding_mask=torch.ones(2, 1).bool())
+    with pytest.raises(ValueError, match=r"tgt_attention_mask must have shape \(B, T\)=\(2, 3\)"):
+        model.decoder(tgt, memory, caches=caches, tgt_attention_mask=torch.ones(2, 1).bool())
     with pytest.raises(ValueError, match="the cache holds"):
         model.decoder(torch.zeros(1, 1, dtype=torch.long), memory[:1], caches=caches)
     caches[0].reset()
@@ -241,10 +241,10 @@ def test_greedy_decode_refuses_a_right_padded_prompt_as_generate_does():
     src = torch.zeros(2, 3, dtype=torch.long)
     prompt = torch.ones(2, 3, dtype=torch.long)
     right = padding_mask([3, 2], 3)  # row 1: real, real, pad
-    with pytest.raises(ValueError, match=r"^prompt_key_padding_mask must describe left padding"):
-        model.greedy_decode(src, prompt, 2, prompt_key_padding_mask=right)
-    with pytest.raises(ValueError, match=r"^prompt_key_padding_mask has a row without any real"):
-        model.greedy_decode(src, prompt, 2, prompt_key_padding_mask=padding_mask([3, 0], 3))
+    with pytest.raises(ValueError, match=r"^prompt_attention_mask must describe left padding"):
+        model.greedy_decode(src, prompt, 2, prompt_attention_mask=right)
+    with pytest.raises(ValueError, match=r"^prompt_attention_mask has a row without any real"):
+        model.greedy_decode(src, prompt, 2, prompt_attention_mask=padding_mask([3, 0], 3))
     left = padding_mask([3, 2], 3, side="left")
-    assert model.greedy_decode(src, prompt, 2, prompt_key_padding_mask=left).shape == (2, 5)
+    assert model.greedy_decode(src, prompt, 2, prompt_attention_mask=left).shape == (2, 5)
     assert torch.equal(model.greedy_decode(src, prompt, 0), prompt)  # 0 new tokens, as generate

@@ -256,11 +256,11 @@ def test_combine_masks_shapes_and_logic():
     assert torch.equal(combine_masks(3, 4, is_causal=True), causal_mask(3, 4))
     attn = _random_bool_mask((3, 4), 2)
     kpm = padding_mask([4, 2], side="left")
-    combined = combine_masks(3, 4, attn_mask=attn, key_padding_mask=kpm, is_causal=True)
+    combined = combine_masks(3, 4, attn_mask=attn, attention_mask=kpm, is_causal=True)
     assert combined.shape == (2, 1, 3, 4)
     expected = attn & causal_mask(3, 4) & kpm[:, None, None, :]
     assert torch.equal(combined, expected)
-    only_kpm = combine_masks(3, 4, key_padding_mask=kpm)
+    only_kpm = combine_masks(3, 4, attention_mask=kpm)
     assert only_kpm.shape == (2, 1, 1, 4)
     batched = _random_bool_mask((2, 3, 4), 3)
     assert torch.equal(combine_masks(3, 4, attn_mask=batched), batched.unsqueeze(1))
@@ -274,12 +274,12 @@ def test_combine_masks_shapes_and_logic():
         ({"attn_mask": torch.ones(1, 2, 3, 4, dtype=torch.bool)}, ValueError, "attn_mask"),
         ({"attn_mask": torch.zeros(3, 4)}, TypeError, "attn_mask"),
         ({"attn_mask": [[True] * 4] * 3}, TypeError, "attn_mask"),
-        ({"key_padding_mask": torch.ones(2, 3, dtype=torch.bool)}, ValueError,
-         "key_padding_mask"),
-        ({"key_padding_mask": torch.ones(4, dtype=torch.bool)}, ValueError, "key_padding_mask"),
-        ({"key_padding_mask": torch.ones(2, 4, dtype=torch.long)}, TypeError,
-         "key_padding_mask"),
-        ({"key_padding_mask": [[True] * 4]}, TypeError, "key_padding_mask"),
+        ({"attention_mask": torch.ones(2, 3, dtype=torch.bool)}, ValueError,
+         "attention_mask"),
+        ({"attention_mask": torch.ones(4, dtype=torch.bool)}, ValueError, "attention_mask"),
+        ({"attention_mask": torch.ones(2, 4, dtype=torch.long)}, TypeError,
+         "attention_mask"),
+        ({"attention_mask": [[True] * 4]}, TypeError, "attention_mask"),
         ({"is_causal": 1}, TypeError, "is_causal"),
         ({"is_causal": "yes"}, TypeError, "is_causal"),
     ],
@@ -358,7 +358,7 @@ def test_padded_batch_equals_each_sequence_alone(side, is_causal, impl):
     batch = _padded_batch(seqs, side, 0.0)
     # with left pads and is_causal, a real query's causal window starts on pads: only
     # the key padding mask removes them (test_left_padding_without_key_padding_mask_leaks)
-    out = mha(batch, key_padding_mask=kpm, is_causal=is_causal)
+    out = mha(batch, attention_mask=kpm, is_causal=is_causal)
     assert torch.isfinite(out).all()  # pad query rows too (some attend to nothing)
     for row, seq in enumerate(seqs):
         alone = mha(seq.unsqueeze(0), is_causal=is_causal)[0]
@@ -373,7 +373,7 @@ def test_left_and_right_padding_agree(is_causal):
     seqs = [torch.randn(n, 8, generator=g, dtype=torch.float64) for n in LENGTHS]
     outs = {}
     for side in ("right", "left"):
-        out = mha(_padded_batch(seqs, side, 0.0), key_padding_mask=padding_mask(LENGTHS, side=side),
+        out = mha(_padded_batch(seqs, side, 0.0), attention_mask=padding_mask(LENGTHS, side=side),
                   is_causal=is_causal)
         outs[side] = [out[row, _real_positions(n, max(LENGTHS), side)]
                       for row, n in enumerate(LENGTHS)]
@@ -389,7 +389,7 @@ def test_left_padding_without_key_padding_mask_leaks():
     alone = mha(seq.unsqueeze(0), is_causal=True)[0]
     wrong = mha(batch, is_causal=True)[0, 2:]
     assert not torch.allclose(wrong, alone)
-    right = mha(batch, is_causal=True, key_padding_mask=padding_mask([3, 5], side="left"))[0, 2:]
+    right = mha(batch, is_causal=True, attention_mask=padding_mask([3, 5], side="left"))[0, 2:]
     assert_close(right, alone, **F64)
 
 
@@ -400,12 +400,12 @@ def test_pad_values_do_not_matter(side, impl):
     g = torch.Generator().manual_seed(9)
     seqs = [torch.randn(n, 8, generator=g, dtype=torch.float64) for n in LENGTHS]
     kpm = padding_mask(LENGTHS, side=side)
-    base = mha(_padded_batch(seqs, side, 0.0), key_padding_mask=kpm, is_causal=True)
+    base = mha(_padded_batch(seqs, side, 0.0), attention_mask=kpm, is_causal=True)
     for pad_value in (1e6, -3.0, 42.0):
         batch = _padded_batch(seqs, side, 0.0)
         batch[~kpm] = pad_value * torch.rand(int((~kpm).sum()), 8, generator=g,
                                              dtype=torch.float64)
-        out = mha(batch, key_padding_mask=kpm, is_causal=True)
+        out = mha(batch, attention_mask=kpm, is_causal=True)
         assert torch.isfinite(out).all()
         assert_close(out[kpm], base[kpm], **F64)
 
@@ -417,9 +417,9 @@ def test_cross_attention_padding_mask_has_query_by_key_shape():
     memory = torch.randn(2, 6, 8, dtype=torch.float64)
     query = torch.randn(2, 4, 8, dtype=torch.float64)
     kpm = padding_mask(memory_lengths)
-    combined = combine_masks(4, 6, key_padding_mask=kpm)
+    combined = combine_masks(4, 6, attention_mask=kpm)
     assert torch.broadcast_shapes(combined.shape, (2, 2, 4, 6)) == (2, 2, 4, 6)
-    out, weights = mha(query, memory, memory, key_padding_mask=kpm, need_weights=True)
+    out, weights = mha(query, memory, memory, attention_mask=kpm, need_weights=True)
     assert weights.shape == (2, 2, 4, 6)
     assert (weights[1, :, :, 3:] == 0).all()
     assert_close(weights.sum(-1), torch.ones(2, 2, 4, dtype=torch.float64), **F64)
@@ -520,11 +520,11 @@ def test_combine_masks_refuses_non_positive_lengths_instead_of_returning_none(t_
 
 def test_combine_masks_refuses_masks_whose_batch_sizes_disagree():
     attn_mask = torch.ones(2, 3, 3, dtype=torch.bool)  # B = 2
-    with pytest.raises(ValueError, match=r"attn_mask and key_padding_mask disagree on the "
+    with pytest.raises(ValueError, match=r"attn_mask and attention_mask disagree on the "
                                          r"batch size B: .*B=2.*B=3"):
-        combine_masks(3, 3, attn_mask=attn_mask, key_padding_mask=torch.ones(3, 3, dtype=bool))
+        combine_masks(3, 3, attn_mask=attn_mask, attention_mask=torch.ones(3, 3, dtype=bool))
     # B = 1 on either side broadcasts, as before
-    out = combine_masks(3, 3, attn_mask=attn_mask[:1], key_padding_mask=torch.ones(3, 3,
+    out = combine_masks(3, 3, attn_mask=attn_mask[:1], attention_mask=torch.ones(3, 3,
                                                                                    dtype=bool))
     assert out.shape == (3, 1, 3, 3)
 

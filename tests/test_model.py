@@ -13,7 +13,7 @@ V = 13
 
 def tiny(impl: str = "manual", **overrides) -> MiniGPT:
     torch.manual_seed(0)
-    config = dict(vocab_size=V, block_size=12, n_layer=2, n_head=2, d_model=16, impl=impl)
+    config = dict(vocab_size=V, block_size=12, n_layers=2, n_heads=2, d_model=16, impl=impl)
     config.update(overrides)
     return MiniGPT(GPTConfig(**config)).double().eval()
 
@@ -25,28 +25,28 @@ MASK = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]], dtype=t
 
 def test_config_validation():
     with pytest.raises(ValueError, match="divisible"):
-        GPTConfig(vocab_size=10, block_size=8, n_head=3, d_model=16)
+        GPTConfig(vocab_size=10, block_size=8, n_heads=3, d_model=16)
     with pytest.raises(ValueError, match="dropout"):
         GPTConfig(vocab_size=10, block_size=8, dropout=1.0)
     with pytest.raises(ValueError, match="block_size"):
         GPTConfig(vocab_size=10, block_size=0)
     with pytest.raises(ValueError, match="impl"):
         GPTConfig(vocab_size=10, block_size=8, impl="flash")
-    with pytest.raises(TypeError, match="n_layer"):
-        GPTConfig(vocab_size=10, block_size=8, n_layer=2.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="n_layers"):
+        GPTConfig(vocab_size=10, block_size=8, n_layers=2.0)  # type: ignore[arg-type]
     with pytest.raises(Exception, match="frozen|cannot assign"):
-        GPTConfig(vocab_size=10, block_size=8).n_layer = 3  # type: ignore[misc]
+        GPTConfig(vocab_size=10, block_size=8).n_layers = 3  # type: ignore[misc]
 
 
 def test_init_std_sets_the_scale_of_the_initial_weights():
     torch.manual_seed(0)
-    small = MiniGPT(GPTConfig(vocab_size=50, block_size=8, n_layer=2, d_model=64))
+    small = MiniGPT(GPTConfig(vocab_size=50, block_size=8, n_layers=2, d_model=64))
     torch.manual_seed(0)
-    large = MiniGPT(GPTConfig(vocab_size=50, block_size=8, n_layer=2, d_model=64, init_std=0.1))
+    large = MiniGPT(GPTConfig(vocab_size=50, block_size=8, n_layers=2, d_model=64, init_std=0.1))
     for model, std in ((small, 0.02), (large, 0.1)):
-        assert model.tok_emb.weight.std().item() == pytest.approx(std, rel=0.05)
+        assert model.embed.weight.std().item() == pytest.approx(std, rel=0.05)
         assert model.blocks[0].self_attn.q_proj.weight.std().item() == pytest.approx(std, rel=0.1)
-        # The projections into the residual stream start 1/sqrt(2 * n_layer) smaller.
+        # The projections into the residual stream start 1/sqrt(2 * n_layers) smaller.
         assert model.blocks[1].ff.linear2.weight.std().item() == pytest.approx(std / 2, rel=0.1)
     for bad, error in ((0.0, ValueError), (-0.1, ValueError), (float("nan"), ValueError),
                        (True, TypeError), ("0.1", TypeError)):
@@ -58,7 +58,7 @@ def test_built_from_the_course_blocks_with_tied_weights():
     model = tiny()
     assert len(model.blocks) == 2 and all(isinstance(b, TransformerBlock) for b in model.blocks)
     assert all(b.norm_first and b.cross_attn is None for b in model.blocks)
-    assert model.lm_head.weight is model.tok_emb.weight
+    assert model.lm_head.weight is model.embed.weight
     untied = tiny(tie_weights=False)
     assert untied.num_parameters() == model.num_parameters() + V * 16
 
@@ -116,7 +116,7 @@ def test_loss_ignores_padding_and_minus_one():
 
 def test_overfits_one_batch():
     torch.manual_seed(0)
-    model = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layer=1, n_head=2, d_model=32))
+    model = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layers=1, n_heads=2, d_model=32))
     idx = torch.randint(V, (4, 9), generator=torch.Generator().manual_seed(4))
     x, y = idx[:, :-1], idx[:, 1:]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)

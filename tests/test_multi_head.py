@@ -76,12 +76,12 @@ def test_cross_attention_with_key_padding_matches_torch(bias, side, impl):
     query = _randn(3, 4, D_MODEL, seed=11)  # T_q = 4
     memory = _randn(3, 7, D_MODEL, seed=12)  # T_k = 7
     kpm = padding_mask([7, 3, 5], side=side)  # (B, T_k), True on real keys
-    out = mha(query, memory, memory, key_padding_mask=kpm)
+    out = mha(query, memory, memory, attention_mask=kpm)
     ref_out, ref_weights = ref(query, memory, memory, key_padding_mask=to_torch_mha_mask(kpm),
                                average_attn_weights=False)
     assert out.shape == (3, 4, D_MODEL)
     assert_close(out, ref_out, **F64)
-    _, weights = mha(query, memory, memory, key_padding_mask=kpm, need_weights=True)
+    _, weights = mha(query, memory, memory, attention_mask=kpm, need_weights=True)
     assert_close(weights, ref_weights, **F64)
     assert (weights.masked_select(~kpm[:, None, None, :]) == 0).all()
 
@@ -107,7 +107,7 @@ def test_causal_with_padding_and_shorter_queries_matches_torch():
     query = _randn(2, 3, D_MODEL, seed=26)
     memory = _randn(2, 8, D_MODEL, seed=27)
     kpm = padding_mask([8, 5], side="left")
-    out = mha(query, memory, memory, key_padding_mask=kpm, is_causal=True)
+    out = mha(query, memory, memory, attention_mask=kpm, is_causal=True)
     ref_out, _ = ref(query, memory, memory, key_padding_mask=to_torch_mha_mask(kpm),
                      attn_mask=to_torch_mha_mask(causal_mask(3, 8)))
     assert_close(out, ref_out, **F64)
@@ -131,7 +131,7 @@ def test_batched_attn_mask_matches_torch(bias, impl):
     kpm = padding_mask([6, 4])
     ref_out, _ = ref(query, memory, memory, attn_mask=torch_mask,
                      key_padding_mask=to_torch_mha_mask(kpm))
-    assert_close(mha(query, memory, memory, attn_mask=attn_mask, key_padding_mask=kpm),
+    assert_close(mha(query, memory, memory, attn_mask=attn_mask, attention_mask=kpm),
                  ref_out, **F64)
 
 
@@ -143,7 +143,7 @@ def test_float32_matches_torch(d_model, n_heads, impl):
     kpm = padding_mask([5, 2, 4])
     ref_out, _ = ref(x, x, x, key_padding_mask=to_torch_mha_mask(kpm),
                      attn_mask=to_torch_mha_mask(causal_mask(5)))
-    assert_close(mha(x, key_padding_mask=kpm, is_causal=True), ref_out, **F32)
+    assert_close(mha(x, attention_mask=kpm, is_causal=True), ref_out, **F32)
 
 
 def test_gradients_match_torch():
@@ -153,7 +153,7 @@ def test_gradients_match_torch():
     x = _randn(2, 5, D_MODEL, seed=51).requires_grad_(True)
     x_ref = x.detach().clone().requires_grad_(True)
     kpm = padding_mask([5, 3])
-    mha(x, key_padding_mask=kpm, is_causal=True).square().sum().backward()
+    mha(x, attention_mask=kpm, is_causal=True).square().sum().backward()
     ref(x_ref, x_ref, x_ref, key_padding_mask=to_torch_mha_mask(kpm),
         attn_mask=to_torch_mha_mask(causal_mask(5)))[0].square().sum().backward()
     assert_close(x.grad, x_ref.grad, **F64)
@@ -174,7 +174,7 @@ def _mask_kwargs(case: str) -> dict:
     if case == "causal":
         return {"is_causal": True}
     if case == "key_padding":
-        return {"key_padding_mask": padding_mask([6, 2], side="left")}
+        return {"attention_mask": padding_mask([6, 2], side="left")}
     if case == "batched_attn_mask":
         mask = torch.rand(2, 4, 6, generator=torch.Generator().manual_seed(60)) > 0.5
         mask[..., -1] = True
@@ -182,7 +182,7 @@ def _mask_kwargs(case: str) -> dict:
     if case == "fully_masked_row":
         mask = torch.ones(4, 6, dtype=torch.bool)
         mask[1] = False  # query 1 may attend nothing
-        return {"attn_mask": mask, "key_padding_mask": padding_mask([6, 0])}  # row 1: no keys
+        return {"attn_mask": mask, "attention_mask": padding_mask([6, 0])}  # row 1: no keys
     return {}
 
 
@@ -215,7 +215,7 @@ def test_fully_masked_rows_give_out_proj_bias_and_finite_grads(impl):
     mha = MultiHeadAttention(D_MODEL, N_HEADS, impl=impl).double()
     x = _randn(2, 5, D_MODEL, seed=71).requires_grad_(True)
     kpm = padding_mask([5, 0])  # the second sequence is all padding
-    out = mha(x, key_padding_mask=kpm, is_causal=True)
+    out = mha(x, attention_mask=kpm, is_causal=True)
     assert_close(out[1], mha.out_proj.bias.expand(5, D_MODEL), **F64)
     out.sum().backward()
     assert (x.grad[1] == 0).all() and torch.isfinite(x.grad).all()
@@ -314,14 +314,14 @@ def _bad_forward_cases():
         ((x, mem, torch.randn(2, 6, 7)), {}, ValueError, "value"),
         ((x, torch.randn(3, 6, 8), torch.randn(3, 6, 8)), {}, ValueError, "key"),
         ((x, mem, torch.randn(2, 5, 8)), {}, ValueError, "key and value"),
-        ((x, mem, mem), {"key_padding_mask": torch.ones(2, 4, dtype=bool_)}, ValueError,
-         "key_padding_mask"),  # (B, T_q) instead of (B, T_k)
-        ((x, mem, mem), {"key_padding_mask": torch.ones(3, 6, dtype=bool_)}, ValueError,
-         "key_padding_mask"),
-        ((x, mem, mem), {"key_padding_mask": torch.ones(2, 6)}, TypeError, "key_padding_mask"),
-        ((x, mem, mem), {"key_padding_mask": torch.ones(6, dtype=bool_)}, ValueError,
-         "key_padding_mask"),
-        ((x,), {"key_padding_mask": [[True] * 4] * 2}, TypeError, "key_padding_mask"),
+        ((x, mem, mem), {"attention_mask": torch.ones(2, 4, dtype=bool_)}, ValueError,
+         "attention_mask"),  # (B, T_q) instead of (B, T_k)
+        ((x, mem, mem), {"attention_mask": torch.ones(3, 6, dtype=bool_)}, ValueError,
+         "attention_mask"),
+        ((x, mem, mem), {"attention_mask": torch.ones(2, 6)}, TypeError, "attention_mask"),
+        ((x, mem, mem), {"attention_mask": torch.ones(6, dtype=bool_)}, ValueError,
+         "attention_mask"),
+        ((x,), {"attention_mask": [[True] * 4] * 2}, TypeError, "attention_mask"),
         ((x, mem, mem), {"attn_mask": torch.ones(6, 4, dtype=bool_)}, ValueError, "attn_mask"),
         ((x, mem, mem), {"attn_mask": torch.zeros(4, 6)}, TypeError, "attn_mask"),
         ((x, mem, mem), {"attn_mask": torch.ones(3, 4, 6, dtype=bool_)}, ValueError,

@@ -31,7 +31,7 @@ TASK = CopyTask(vocab_size=6, half_length=4)
 
 def tiny_model(dropout: float = 0.0) -> MiniGPT:
     torch.manual_seed(0)
-    return MiniGPT(GPTConfig(vocab_size=6, block_size=TASK.block_size, n_layer=1, n_head=2,
+    return MiniGPT(GPTConfig(vocab_size=6, block_size=TASK.block_size, n_layers=1, n_heads=2,
                              d_model=16, dropout=dropout))
 
 
@@ -138,7 +138,7 @@ def test_the_gpu_preset_refuses_a_cpu_and_says_what_it_would_cost():
     tokens = sizes["max_iters"] * sizes["batch_size"] * sizes["block_size"]
     with torch.device("meta"):
         model = MiniGPT(GPTConfig(vocab_size=65, block_size=sizes["block_size"],
-                                  n_layer=sizes["n_layer"], n_head=sizes["n_head"],
+                                  n_layers=sizes["n_layers"], n_heads=sizes["n_heads"],
                                   d_model=sizes["d_model"]))
     hours = model.flops_per_token() * tokens / 100e9 / 3600
     assert f"{model.num_parameters() / 1e6:.1f}M-parameter" in message
@@ -153,7 +153,7 @@ def test_flops_per_token_follows_the_palm_estimate():
     model = tiny_model()
     c = model.config
     weights = model.num_parameters(non_embedding=True)
-    assert model.flops_per_token() == 6 * weights + 12 * c.n_layer * c.block_size * c.d_model
+    assert model.flops_per_token() == 6 * weights + 12 * c.n_layers * c.block_size * c.d_model
 
 
 def test_training_lowers_the_loss_on_the_copy_task():
@@ -179,7 +179,7 @@ def test_train_rejects_bad_arguments():
 def test_checkpoint_round_trip(tmp_path):
     corpus = CharCorpus.from_text("abcabcabd" * 20)
     torch.manual_seed(0)
-    model = MiniGPT(GPTConfig(vocab_size=corpus.vocab_size, block_size=8, n_layer=1, n_head=1,
+    model = MiniGPT(GPTConfig(vocab_size=corpus.vocab_size, block_size=8, n_layers=1, n_heads=1,
                               d_model=8))
     path = tmp_path / "ckpt.pt"
     train(model, corpus, quick(max_iters=2, eval_interval=2), checkpoint_path=path,
@@ -210,7 +210,7 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
 def test_resume_refuses_another_model(tmp_path):
     path = tmp_path / "ckpt.pt"
     train(tiny_model(), TASK, quick(max_iters=3), checkpoint_path=path)
-    other = MiniGPT(GPTConfig(vocab_size=6, block_size=TASK.block_size, n_layer=2, n_head=2,
+    other = MiniGPT(GPTConfig(vocab_size=6, block_size=TASK.block_size, n_layers=2, n_heads=2,
                               d_model=16))
     with pytest.raises(ValueError, match="different model configuration"):
         train(other, TASK, quick(), resume_from=path)
@@ -221,7 +221,7 @@ def test_resume_refuses_another_model(tmp_path):
 
 
 # ----------------------------------------------------------------------- CLI
-TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--block-size", "8",
+TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--block-size", "8",
         "--batch-size", "4", "--eval-interval", "2", "--eval-iters", "2", "--device", "cpu",
         "--quiet"]
 
@@ -244,7 +244,7 @@ def test_cli_trains_on_a_text_file_and_writes_metrics(tmp_path, corpus_file, cap
         assert key in metrics, key
     assert len(metrics["train_loss_history"]) == 4 and metrics["eval_iters"] == [2, 4]
     assert metrics["final_val_loss"] == metrics["val_loss_history"][-1] > 0
-    assert metrics["device"] == "cpu" and metrics["model_config"]["n_layer"] == 1
+    assert metrics["device"] == "cpu" and metrics["model_config"]["n_layers"] == 1
     assert "sample:" in capsys.readouterr().out
     # Resume for two more iterations, the schedule kept where it ended (iteration 4).
     code = main(["--data", str(corpus_file), *TINY, "--max-iters", "6", "--lr-decay-iters", "4",
@@ -258,7 +258,7 @@ def test_cli_trains_on_a_text_file_and_writes_metrics(tmp_path, corpus_file, cap
 def test_cli_task_reports_the_floor(tmp_path, task):
     metrics_path = tmp_path / "m.json"
     name = {CopyTask: "copy", RecallTask: "recall"}[type(task)]
-    code = main(["--task", name, "--n-layer", "1", "--n-head", "1", "--d-model", "8",
+    code = main(["--task", name, "--n-layers", "1", "--n-heads", "1", "--d-model", "8",
                  "--batch-size", "2", "--max-iters", "2", "--eval-iters", "1", "--device",
                  "cpu", "--quiet", "--metrics-out", str(metrics_path)])
     metrics = json.loads(metrics_path.read_text())
@@ -275,7 +275,7 @@ def test_cli_task_reports_the_floor(tmp_path, task):
         (["--max-iters", "0"], "positive integer"),
         (["--dropout", "1.5"], "[0, 1)"),
         (["--preset", "tpu"], "invalid choice"),
-        (["--n-head", "3"], "divisible"),
+        (["--n-heads", "3"], "divisible"),
         (["--resume", "missing.pt"], "not an existing file"),
         (["--metrics-out", "no/such/dir/m.json"], "does not exist"),
         (["--task", "copy", "--block-size", "8"], "fixes it"),

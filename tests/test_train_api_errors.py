@@ -26,7 +26,7 @@ WEIGHTS = torch.full((6, 6), 1 / 6)
 
 
 def model() -> MiniGPT:
-    return MiniGPT(GPTConfig(vocab_size=6, block_size=TASK.block_size, n_layer=1, n_head=1,
+    return MiniGPT(GPTConfig(vocab_size=6, block_size=TASK.block_size, n_layers=1, n_heads=1,
                              d_model=8))
 
 

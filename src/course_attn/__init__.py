@@ -20,7 +20,7 @@ from .encoder_decoder import (
     EncoderDecoderConfig,
     block_gradient_norms,
     decode_step_seconds,
-    positions_from_padding_mask,
+    positions_from_attention_mask,
 )
 from .env import environment_report, pick_device, seed_everything
 from .layers import (
@@ -84,7 +84,7 @@ __all__ = [
     "EncoderDecoderConfig",
     "block_gradient_norms",
     "decode_step_seconds",
-    "positions_from_padding_mask",
+    "positions_from_attention_mask",
     "pick_device",
     "seed_everything",
     "simple_self_attention",

@@ -4,7 +4,7 @@ Everything here is assembled from :class:`~course_attn.layers.TransformerBlock`:
 an :class:`Encoder` (bidirectional self-attention with a key padding mask), a
 :class:`Decoder` (causal self-attention, then cross-attention to the encoder
 output) and :class:`EncoderDecoder`, which joins them. Positions count from each
-row's first real token (:func:`positions_from_padding_mask`), so left-padded and
+row's first real token (:func:`positions_from_attention_mask`), so left-padded and
 right-padded batches give the same per-sequence results, and the decoder can
 take one token at a time with a :class:`~course_attn.layers.KVCache` per layer.
 
@@ -42,7 +42,7 @@ __all__ = [
     "EncoderDecoderConfig",
     "block_gradient_norms",
     "decode_step_seconds",
-    "positions_from_padding_mask",
+    "positions_from_attention_mask",
 ]
 
 
@@ -80,22 +80,22 @@ class EncoderDecoderConfig:
         check_choice(self.activation, "activation", ("gelu", "relu"))
 
 
-def positions_from_padding_mask(key_padding_mask: Tensor) -> Tensor:
+def positions_from_attention_mask(attention_mask: Tensor) -> Tensor:
     """Position of every token counted over the real tokens of its row (Chapter 7).
 
-    ``key_padding_mask (B, T)`` bool, ``True`` on real tokens -> ``(B, T)`` long:
+    ``attention_mask (B, T)`` bool, ``True`` on real tokens -> ``(B, T)`` long:
     the first real token of each row is at position 0, the next real one at 1,
     and so on, wherever the padding sits. Padding slots get the position of the
     last real token before them (0 before the first one); they are masked anyway.
     With left padding this is what makes a padded row see the same positional
     encodings as the unpadded sequence would.
     """
-    check_bool_mask(key_padding_mask, "key_padding_mask",
-                    key_padding_mask.shape if isinstance(key_padding_mask, Tensor) else ())
-    if key_padding_mask.dim() != 2:
-        raise ValueError(f"key_padding_mask must have shape (B, T), got "
-                         f"{tuple(key_padding_mask.shape)}")
-    positions = key_padding_mask.long().cumsum(dim=-1) - 1  # (B, T): index among real tokens
+    check_bool_mask(attention_mask, "attention_mask",
+                    attention_mask.shape if isinstance(attention_mask, Tensor) else ())
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must have shape (B, T), got "
+                         f"{tuple(attention_mask.shape)}")
+    positions = attention_mask.long().cumsum(dim=-1) - 1  # (B, T): index among real tokens
     return positions.clamp(min=0)  # (B, T)
 
 
@@ -126,7 +126,7 @@ def _check_padding(mask: object, name: str, shape: tuple[int, int]) -> Tensor | 
 class Encoder(nn.Module):
     """Token embedding + sinusoidal positions, then ``n_layers`` encoder blocks (Chapter 7).
 
-    ``forward(src (B, T_s) long, src_key_padding_mask (B, T_s) bool) -> memory (B, T_s, D)``.
+    ``forward(src (B, T_s) long, src_attention_mask (B, T_s) bool) -> memory (B, T_s, D)``.
     Self-attention is bidirectional; padded keys are masked in every layer.
     """
 
@@ -143,14 +143,14 @@ class Encoder(nn.Module):
             for _ in range(c.n_layers))
         self.norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
 
-    def forward(self, src: Tensor, src_key_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(self, src: Tensor, src_attention_mask: Tensor | None = None) -> Tensor:
         """``src (B, T_s)`` token ids -> ``memory (B, T_s, D)``."""
         _check_tokens(src, "src", self.config.src_vocab_size)
-        mask = _check_padding(src_key_padding_mask, "src_key_padding_mask", tuple(src.shape))
-        positions = None if mask is None else positions_from_padding_mask(mask)  # (B, T_s)
+        mask = _check_padding(src_attention_mask, "src_attention_mask", tuple(src.shape))
+        positions = None if mask is None else positions_from_attention_mask(mask)  # (B, T_s)
         x = self.pos(self.embed(src), positions)  # (B, T_s, D)
         for block in self.blocks:
-            x = block(x, key_padding_mask=mask)  # (B, T_s, D)
+            x = block(x, attention_mask=mask)  # (B, T_s, D)
         return self.norm(x)
 
 
@@ -186,17 +186,17 @@ class Decoder(nn.Module):
         """Validate ``caches``; return the number of cached positions ``T_cache``."""
         return check_caches(caches, len(self.blocks))
 
-    def forward(self, tgt: Tensor, memory: Tensor, *, tgt_key_padding_mask: Tensor | None = None,
-                memory_key_padding_mask: Tensor | None = None,
+    def forward(self, tgt: Tensor, memory: Tensor, *, tgt_attention_mask: Tensor | None = None,
+                memory_attention_mask: Tensor | None = None,
                 caches: list[KVCache] | None = None) -> Tensor:
         """Logits ``(B, T_new, V_tgt)`` for the target tokens ``tgt (B, T_new)``.
 
         Args:
             tgt: target token ids; without caches the whole target ``(B, T_t)``.
             memory: encoder output ``(B, T_s, D)``.
-            tgt_key_padding_mask: ``(B, T_cache + T_new)`` bool, ``True`` on real
+            tgt_attention_mask: ``(B, T_cache + T_new)`` bool, ``True`` on real
                 target tokens, covering the cached positions too.
-            memory_key_padding_mask: ``(B, T_s)`` bool, the encoder's padding mask.
+            memory_attention_mask: ``(B, T_s)`` bool, the encoder's padding mask.
             caches: one KVCache per layer; the new keys and values are appended.
         """
         _check_tokens(tgt, "tgt", self.config.tgt_vocab_size)
@@ -204,10 +204,10 @@ class Decoder(nn.Module):
         if memory.shape[0] != tgt.shape[0] or memory.shape[2] != self.config.d_model:
             raise ValueError(f"memory must have shape (B, T_s, D) with B={tgt.shape[0]} and "
                              f"D={self.config.d_model}, got {tuple(memory.shape)}")
-        _check_padding(memory_key_padding_mask, "memory_key_padding_mask", tuple(memory.shape[:2]))
+        _check_padding(memory_attention_mask, "memory_attention_mask", tuple(memory.shape[:2]))
         t_cache = 0 if caches is None else self._check_caches(caches)
         batch, t_new = tgt.shape
-        mask = _check_padding(tgt_key_padding_mask, "tgt_key_padding_mask",
+        mask = _check_padding(tgt_attention_mask, "tgt_attention_mask",
                               (batch, t_cache + t_new))
         if t_cache + t_new > self.config.max_len:
             raise ValueError(f"the target would reach {t_cache + t_new} positions, more than "
@@ -215,11 +215,11 @@ class Decoder(nn.Module):
         if mask is None:
             positions = torch.arange(t_cache, t_cache + t_new, device=tgt.device)  # (T_new,)
         else:
-            positions = positions_from_padding_mask(mask)[:, t_cache:]  # (B, T_new)
+            positions = positions_from_attention_mask(mask)[:, t_cache:]  # (B, T_new)
         x = self.pos(self.embed(tgt), positions)  # (B, T_new, D)
         for i, block in enumerate(self.blocks):
-            x = block(x, key_padding_mask=mask, is_causal=True, memory=memory,
-                      memory_key_padding_mask=memory_key_padding_mask,
+            x = block(x, attention_mask=mask, is_causal=True, memory=memory,
+                      memory_attention_mask=memory_attention_mask,
                       cache=None if caches is None else caches[i])  # (B, T_new, D)
         return self.lm_head(self.norm(x))  # (B, T_new, D) -> (B, T_new, V_tgt)
 
@@ -227,7 +227,7 @@ class Decoder(nn.Module):
 class EncoderDecoder(nn.Module):
     """The 2017 Transformer layout in miniature (Chapter 7): encoder, decoder, LM head.
 
-    ``forward(src (B, T_s), tgt (B, T_t), *, src_key_padding_mask, tgt_key_padding_mask)
+    ``forward(src (B, T_s), tgt (B, T_t), *, src_attention_mask, tgt_attention_mask)
     -> logits (B, T_t, V_tgt)``. The decoder's cross-attention masks exactly the
     encoder's padded positions: its mask is the source padding mask ``(B, T_s)``,
     broadcast over the ``T_t`` queries to ``(B, T_t, T_s)`` inside attention.
@@ -245,21 +245,21 @@ class EncoderDecoder(nn.Module):
         """One empty decoder self-attention cache per layer."""
         return self.decoder.new_caches()
 
-    def forward(self, src: Tensor, tgt: Tensor, *, src_key_padding_mask: Tensor | None = None,
-                tgt_key_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, *, src_attention_mask: Tensor | None = None,
+                tgt_attention_mask: Tensor | None = None) -> Tensor:
         """``src (B, T_s)``, ``tgt (B, T_t)`` token ids -> logits ``(B, T_t, V_tgt)``."""
-        memory = self.encoder(src, src_key_padding_mask)  # (B, T_s, D)
-        return self.decoder(tgt, memory, tgt_key_padding_mask=tgt_key_padding_mask,
-                            memory_key_padding_mask=src_key_padding_mask)
+        memory = self.encoder(src, src_attention_mask)  # (B, T_s, D)
+        return self.decoder(tgt, memory, tgt_attention_mask=tgt_attention_mask,
+                            memory_attention_mask=src_attention_mask)
 
     @torch.no_grad()
     def greedy_decode(self, src: Tensor, prompt: Tensor, max_new_tokens: int, *,
-                      src_key_padding_mask: Tensor | None = None,
-                      prompt_key_padding_mask: Tensor | None = None,
+                      src_attention_mask: Tensor | None = None,
+                      prompt_attention_mask: Tensor | None = None,
                       use_cache: bool = True) -> Tensor:
         """Extend ``prompt (B, T_p)`` by ``max_new_tokens`` greedy tokens -> ``(B, T_p + n)``.
 
-        ``prompt_key_padding_mask (B, T_p)`` marks real prompt tokens. It must be
+        ``prompt_attention_mask (B, T_p)`` marks real prompt tokens. It must be
         left padding (``False ... True ...`` in every row, at least one ``True``),
         as in :meth:`MiniGPT.generate <course_attn.model.MiniGPT.generate>`: the new
         tokens are appended on the right, so a right pad would sit between a
@@ -271,18 +271,18 @@ class EncoderDecoder(nn.Module):
         n_new = check_nonnegative_int(max_new_tokens, "max_new_tokens")
         check_bool(use_cache, "use_cache")
         _check_tokens(prompt, "prompt", self.config.tgt_vocab_size)
-        mask = _check_padding(prompt_key_padding_mask, "prompt_key_padding_mask",
+        mask = _check_padding(prompt_attention_mask, "prompt_attention_mask",
                               tuple(prompt.shape))
         if mask is not None:
-            check_left_padding(mask, "prompt_key_padding_mask")
+            check_left_padding(mask, "prompt_attention_mask")
         if mask is None:
             mask = torch.ones(prompt.shape, dtype=torch.bool, device=prompt.device)
-        memory = self.encoder(src, src_key_padding_mask)  # (B, T_s, D)
+        memory = self.encoder(src, src_attention_mask)  # (B, T_s, D)
         caches = self.new_caches() if use_cache else None
         tokens, step_input = prompt, prompt  # (B, T_p)
         for _ in range(n_new):
-            logits = self.decoder(step_input, memory, tgt_key_padding_mask=mask,
-                                  memory_key_padding_mask=src_key_padding_mask,
+            logits = self.decoder(step_input, memory, tgt_attention_mask=mask,
+                                  memory_attention_mask=src_attention_mask,
                                   caches=caches)  # (B, T_in, V_tgt)
             next_token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
             tokens = torch.cat([tokens, next_token], dim=1)  # (B, T + 1)

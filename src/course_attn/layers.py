@@ -189,7 +189,7 @@ class MultiHeadAttention(nn.Module):
         key: Tensor | None = None,
         value: Tensor | None = None,
         *,
-        key_padding_mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
@@ -197,12 +197,12 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``query (B, T_q, D)`` to ``key``/``value (B, T_k, D)``.
 
-        Omit ``key`` and ``value`` for self-attention. ``key_padding_mask (B, T_k)``
+        Omit ``key`` and ``value`` for self-attention. ``attention_mask (B, T_k)``
         is ``True`` on real keys; ``attn_mask`` is bool ``(T_q, T_k)`` or
         ``(B, T_q, T_k)``, ``True`` = may attend; ``is_causal`` adds
         ``causal_mask(T_q, T_k)``. With a ``cache`` (self-attention only) the new
         keys and values are appended to it and ``T_k`` counts every cached
-        position, so ``key_padding_mask`` must cover them all.
+        position, so ``attention_mask`` must cover them all.
 
         Returns ``out (B, T_q, D)``, or ``(out, attn_weights (B, H, T_q, T_k))``
         when ``need_weights=True`` (which uses the manual path). Values are never
@@ -228,9 +228,9 @@ class MultiHeadAttention(nn.Module):
         # Every check before any work: a bad flag must not leave the cache half-updated.
         check_bool(need_weights, "need_weights")
         check_bool(is_causal, "is_causal")
-        if isinstance(key_padding_mask, Tensor) and key_padding_mask.shape[:1] != query.shape[:1]:
-            raise ValueError(f"key_padding_mask must have shape (B, T_k) with B={query.shape[0]}, "
-                             f"got {tuple(key_padding_mask.shape)}")
+        if isinstance(attention_mask, Tensor) and attention_mask.shape[:1] != query.shape[:1]:
+            raise ValueError(f"attention_mask must have shape (B, T_k) with B={query.shape[0]}, "
+                             f"got {tuple(attention_mask.shape)}")
         if (isinstance(attn_mask, Tensor) and attn_mask.dim() == 3
                 and attn_mask.shape[0] not in (1, query.shape[0])):
             raise ValueError(f"attn_mask must have shape (T_q, T_k) or (B, T_q, T_k) with "
@@ -239,7 +239,7 @@ class MultiHeadAttention(nn.Module):
         # is_causal=True when nothing else is masked (FlashAttention-eligible).
         t_k = key.shape[1] + (0 if cache is None else cache.length)  # cached keys count too
         mask = combine_masks(query.shape[1], t_k, attn_mask=attn_mask,
-                             key_padding_mask=key_padding_mask, device=query.device)
+                             attention_mask=attention_mask, device=query.device)
 
         q = split_heads(self.q_proj(query), self.n_heads)  # (B, T_q, D) -> (B, H, T_q, head_dim)
         k = split_heads(self.k_proj(key), self.n_heads)  # (B, T_k, D) -> (B, H, T_k, head_dim)
@@ -370,9 +370,9 @@ class TransformerBlock(nn.Module):
                       if cross_attention else None)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, *, key_padding_mask: Tensor | None = None,
+    def forward(self, x: Tensor, *, attention_mask: Tensor | None = None,
                 attn_mask: Tensor | None = None, is_causal: bool = False,
-                memory: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
+                memory: Tensor | None = None, memory_attention_mask: Tensor | None = None,
                 cache: KVCache | None = None) -> Tensor:
         """``x (B, T, D)`` -> ``(B, T, D)``; ``memory (B, T_m, D)`` is the encoder output."""
         # Check here, not deep inside: a wrong width would otherwise surface as a
@@ -389,8 +389,8 @@ class TransformerBlock(nn.Module):
             raise ValueError("memory must be given exactly when the block was built with "
                              f"cross_attention=True (this block has cross_attention="
                              f"{self.cross_attn is not None})")
-        if memory is None and memory_key_padding_mask is not None:
-            raise ValueError("memory_key_padding_mask was given without memory")
+        if memory is None and memory_attention_mask is not None:
+            raise ValueError("memory_attention_mask was given without memory")
         if memory is not None:
             check_tensor(memory, "memory", ndim=3)
             if (memory.shape[0], memory.shape[2]) != (x.shape[0], d_model):
@@ -398,21 +398,21 @@ class TransformerBlock(nn.Module):
                                  f"D={d_model}, got shape {tuple(memory.shape)}")
             if memory.dtype != x.dtype:
                 raise TypeError(f"memory has dtype {memory.dtype} but x has {x.dtype}")
-            if memory_key_padding_mask is not None:
+            if memory_attention_mask is not None:
                 expected = (memory.shape[0], memory.shape[1])
-                check_bool_mask(memory_key_padding_mask, "memory_key_padding_mask", expected)
-                if tuple(memory_key_padding_mask.shape) != expected:
-                    raise ValueError(f"memory_key_padding_mask must have shape (B, T_m)="
-                                     f"{expected}, got {tuple(memory_key_padding_mask.shape)}")
+                check_bool_mask(memory_attention_mask, "memory_attention_mask", expected)
+                if tuple(memory_attention_mask.shape) != expected:
+                    raise ValueError(f"memory_attention_mask must have shape (B, T_m)="
+                                     f"{expected}, got {tuple(memory_attention_mask.shape)}")
 
         def self_attention(h: Tensor) -> Tensor:
-            return self.dropout(self.self_attn(h, key_padding_mask=key_padding_mask,
+            return self.dropout(self.self_attn(h, attention_mask=attention_mask,
                                                attn_mask=attn_mask, is_causal=is_causal,
                                                cache=cache))
 
         def cross_attention(h: Tensor) -> Tensor:
             return self.dropout(self.cross_attn(h, memory, memory,
-                                                key_padding_mask=memory_key_padding_mask))
+                                                attention_mask=memory_attention_mask))
 
         if self.norm_first:
             x = x + self_attention(self.norm1(x))

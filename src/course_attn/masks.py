@@ -106,7 +106,7 @@ def to_torch_mha_mask(mask: Tensor) -> Tensor:
     """Invert a course mask for ``nn.MultiheadAttention`` (where ``True`` = may NOT attend).
 
     ``mask`` is what that module takes: an ``attn_mask (T_q, T_k)`` or
-    ``(B * H, T_q, T_k)``, or a ``key_padding_mask (B, T_k)`` or ``(T_k,)``.
+    ``(B * H, T_q, T_k)``, or a ``attention_mask (B, T_k)`` or ``(T_k,)``.
     """
     check_bool_mask(mask, "mask", mask.shape if isinstance(mask, Tensor) else ())
     if not 1 <= mask.dim() <= 3:
@@ -136,7 +136,7 @@ def combine_masks(
     t_k: int,
     *,
     attn_mask: Tensor | None = None,
-    key_padding_mask: Tensor | None = None,
+    attention_mask: Tensor | None = None,
     is_causal: bool = False,
     device: torch.device | str | None = None,
 ) -> Tensor | None:
@@ -145,9 +145,9 @@ def combine_masks(
     Args:
         t_q, t_k: query and key lengths.
         attn_mask: bool ``(T_q, T_k)`` or ``(B, T_q, T_k)``, ``True`` = may attend.
-        key_padding_mask: bool ``(B, T_k)``, ``True`` on real keys.
+        attention_mask: bool ``(B, T_k)``, ``True`` on real keys.
         is_causal: add ``causal_mask(t_q, t_k)`` (bottom-right aligned).
-            ``attn_mask`` and ``key_padding_mask`` must agree on ``B`` when both have it.
+            ``attn_mask`` and ``attention_mask`` must agree on ``B`` when both have it.
         device: where the returned mask lives (the other masks are moved there);
             ``None`` means the device of the other masks, else the default device.
             Attention layers pass their queries' device, so no mask stays behind
@@ -161,21 +161,21 @@ def combine_masks(
     t_k = check_positive_int(t_k, "t_k")
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__} {is_causal!r}")
-    for name, value in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
+    for name, value in (("attn_mask", attn_mask), ("attention_mask", attention_mask)):
         if value is not None and not isinstance(value, Tensor):
             raise TypeError(f"{name} must be a boolean torch.Tensor or None, got "
                             f"{type(value).__name__}")
     device = check_device(device, "device")
-    if (attn_mask is not None and key_padding_mask is not None and attn_mask.dim() == 3
-            and key_padding_mask.dim() == 2
-            and 1 not in (attn_mask.shape[0], key_padding_mask.shape[0])
-            and attn_mask.shape[0] != key_padding_mask.shape[0]):
-        raise ValueError(f"attn_mask and key_padding_mask disagree on the batch size B: "
+    if (attn_mask is not None and attention_mask is not None and attn_mask.dim() == 3
+            and attention_mask.dim() == 2
+            and 1 not in (attn_mask.shape[0], attention_mask.shape[0])
+            and attn_mask.shape[0] != attention_mask.shape[0]):
+        raise ValueError(f"attn_mask and attention_mask disagree on the batch size B: "
                          f"attn_mask {tuple(attn_mask.shape)} has B={attn_mask.shape[0]}, "
-                         f"key_padding_mask {tuple(key_padding_mask.shape)} has "
-                         f"B={key_padding_mask.shape[0]}")
+                         f"attention_mask {tuple(attention_mask.shape)} has "
+                         f"B={attention_mask.shape[0]}")
     if device is None:
-        device = next((m.device for m in (attn_mask, key_padding_mask) if m is not None), None)
+        device = next((m.device for m in (attn_mask, attention_mask) if m is not None), None)
     mask: Tensor | None = None
     if is_causal:
         mask = causal_mask(t_q, t_k, device=device)  # (T_q, T_k)
@@ -191,14 +191,14 @@ def combine_masks(
             attn_mask = attn_mask.unsqueeze(1)  # (B, T_q, T_k) -> (B, 1, T_q, T_k)
         attn_mask = attn_mask.to(device)
         mask = attn_mask if mask is None else mask & attn_mask
-    if key_padding_mask is not None:
-        if key_padding_mask.dim() != 2:
-            raise ValueError(f"key_padding_mask must have shape (B, T_k) with T_k={t_k}, "
-                             f"got {tuple(key_padding_mask.shape)}")
-        check_bool_mask(key_padding_mask, "key_padding_mask", (key_padding_mask.shape[0], t_k))
-        if key_padding_mask.shape[1] != t_k:
-            raise ValueError(f"key_padding_mask must have shape (B, T_k) with T_k={t_k}, "
-                             f"got {tuple(key_padding_mask.shape)}")
-        kpm = key_padding_mask[:, None, None, :].to(device)  # (B, T_k) -> (B, 1, 1, T_k)
+    if attention_mask is not None:
+        if attention_mask.dim() != 2:
+            raise ValueError(f"attention_mask must have shape (B, T_k) with T_k={t_k}, "
+                             f"got {tuple(attention_mask.shape)}")
+        check_bool_mask(attention_mask, "attention_mask", (attention_mask.shape[0], t_k))
+        if attention_mask.shape[1] != t_k:
+            raise ValueError(f"attention_mask must have shape (B, T_k) with T_k={t_k}, "
+                             f"got {tuple(attention_mask.shape)}")
+        kpm = attention_mask[:, None, None, :].to(device)  # (B, T_k) -> (B, 1, 1, T_k)
         mask = kpm if mask is None else mask & kpm
     return mask

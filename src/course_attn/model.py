@@ -1,6 +1,6 @@
 """Chapter 8: MiniGPT, a decoder-only Transformer small enough to read in one sitting.
 
-Token ids -> token embedding + learned position embedding -> ``n_layer``
+Token ids -> token embedding + learned position embedding -> ``n_layers``
 pre-norm causal Transformer blocks (chapter 7) -> final LayerNorm -> a linear
 head that scores every vocabulary entry. The layout follows nanoGPT's
 ``model.py``; the blocks are the course's own ``TransformerBlock``, so the
@@ -39,8 +39,8 @@ class GPTConfig:
     """Sizes of a :class:`MiniGPT` (chapter 8).
 
     ``vocab_size`` V token ids, contexts of at most ``block_size`` tokens,
-    ``n_layer`` blocks of ``n_head`` heads over a width ``d_model``
-    (``head_dim = d_model / n_head``). ``tie_weights`` shares the token
+    ``n_layers`` blocks of ``n_heads`` heads over a width ``d_model``
+    (``head_dim = d_model / n_heads``). ``tie_weights`` shares the token
     embedding with the output head (GPT-2 and nanoGPT do); ``impl`` picks the
     attention path (``"manual"`` or PyTorch's fused ``"sdpa"``). ``init_std``
     is the standard deviation of the initial weights: GPT-2's 0.02 suits
@@ -50,8 +50,8 @@ class GPTConfig:
 
     vocab_size: int
     block_size: int
-    n_layer: int = 4
-    n_head: int = 4
+    n_layers: int = 4
+    n_heads: int = 4
     d_model: int = 128
     dropout: float = 0.0
     bias: bool = True
@@ -60,11 +60,11 @@ class GPTConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
+        for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
             check_positive_int(getattr(self, name), name)
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_head={self.n_head} "
-                             "(each head gets d_model / n_head dimensions)")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
+                             "(each head gets d_model / n_heads dimensions)")
         check_probability(self.dropout, "dropout")
         for name in ("bias", "tie_weights"):
             check_bool(getattr(self, name), name)
@@ -84,24 +84,24 @@ class MiniGPT(nn.Module):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
-        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_emb = nn.Embedding(config.block_size, config.d_model)
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos = nn.Embedding(config.block_size, config.d_model)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(
-            TransformerBlock(config.d_model, config.n_head, dropout=config.dropout,
+            TransformerBlock(config.d_model, config.n_heads, dropout=config.dropout,
                              norm_first=True, cross_attention=False, activation="gelu",
                              bias=config.bias, impl=config.impl)
-            for _ in range(config.n_layer)
+            for _ in range(config.n_layers)
         )
-        self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.norm = nn.LayerNorm(config.d_model, bias=config.bias)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_weights:
             # One matrix both reads tokens in and scores them out (GPT-2, nanoGPT).
-            self.lm_head.weight = self.tok_emb.weight
+            self.lm_head.weight = self.embed.weight
         self.apply(self._init_weights)
         # GPT-2: scale the projections that write into the residual stream by
-        # 1/sqrt(2 * n_layer), so the stream's variance does not grow with depth.
-        residual_std = config.init_std / math.sqrt(2 * config.n_layer)
+        # 1/sqrt(2 * n_layers), so the stream's variance does not grow with depth.
+        residual_std = config.init_std / math.sqrt(2 * config.n_layers)
         for block in self.blocks:
             for layer in (block.self_attn.out_proj, block.ff.linear2):
                 nn.init.normal_(layer.weight, mean=0.0, std=residual_std)
@@ -115,10 +115,10 @@ class MiniGPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
 
     def num_parameters(self, *, non_embedding: bool = False) -> int:
-        """Number of parameters (a tied matrix counts once); optionally without ``pos_emb``."""
+        """Number of parameters (a tied matrix counts once); optionally without the position table ``pos``."""
         check_bool(non_embedding, "non_embedding")
         total = sum(p.numel() for p in self.parameters())
-        return total - self.pos_emb.weight.numel() if non_embedding else total
+        return total - self.pos.weight.numel() if non_embedding else total
 
     def flops_per_token(self) -> int:
         """Floating-point operations to train on one token: forward and backward (chapter 8).
@@ -129,7 +129,7 @@ class MiniGPT(nn.Module):
         (``N`` without the position table, ``L`` layers, width ``D``).
         """
         c = self.config
-        attention = 12 * c.n_layer * c.block_size * c.d_model
+        attention = 12 * c.n_layers * c.block_size * c.d_model
         return 6 * self.num_parameters(non_embedding=True) + attention
 
     def new_caches(self) -> list[KVCache]:
@@ -225,11 +225,11 @@ class MiniGPT(nn.Module):
             if attention_mask is not None:
                 mask = mask & attention_mask[:, None, :]  # (B, T, past+T): no padded key
 
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))  # (B, T, D)
+        x = self.drop(self.embed(idx) + self.pos(positions))  # (B, T, D)
         for i, block in enumerate(self.blocks):
             x = block(x, attn_mask=mask, is_causal=mask is None,
                       cache=None if caches is None else caches[i])  # (B, T, D)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, D) @ (D, V) -> (B, T, V)
+        logits = self.lm_head(self.norm(x))  # (B, T, D) @ (D, V) -> (B, T, V)
 
         if targets is None:
             return logits, None

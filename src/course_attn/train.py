@@ -865,9 +865,9 @@ def train(
 #: on Tiny Shakespeare (val loss 1.47 in about 3 minutes on one A100); ``cpu`` is
 #: its laptop recipe (4 layers, 4 heads, width 128, context 64, batch 12).
 PRESETS: dict[str, dict[str, Any]] = {
-    "cpu": dict(n_layer=4, n_head=4, d_model=128, block_size=64, batch_size=12, dropout=0.0,
+    "cpu": dict(n_layers=4, n_heads=4, d_model=128, block_size=64, batch_size=12, dropout=0.0,
                 lr=1e-3, max_iters=2000, eval_interval=250, eval_iters=20, warmup_iters=100),
-    "gpu": dict(n_layer=6, n_head=6, d_model=384, block_size=256, batch_size=64, dropout=0.2,
+    "gpu": dict(n_layers=6, n_heads=6, d_model=384, block_size=256, batch_size=64, dropout=0.2,
                 lr=1e-3, max_iters=5000, eval_interval=250, eval_iters=200, warmup_iters=100),
 }
 
@@ -935,7 +935,7 @@ def check_preset_device(preset: str, device: torch.device | str, *, vocab_size: 
     sizes = PRESETS["gpu"]
     with torch.device("meta"):  # sizes only: no memory, no time
         model = MiniGPT(GPTConfig(vocab_size=vocab_size, block_size=sizes["block_size"],
-                                  n_layer=sizes["n_layer"], n_head=sizes["n_head"],
+                                  n_layers=sizes["n_layers"], n_heads=sizes["n_heads"],
                                   d_model=sizes["d_model"]))
     tokens = sizes["max_iters"] * sizes["batch_size"] * sizes["block_size"]
     flops = model.flops_per_token() * tokens
@@ -1004,8 +1004,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
                         help="model and training sizes (default: cpu; gpu = nanoGPT baby GPT)")
     group = parser.add_argument_group("overrides of the preset")
-    group.add_argument("--n-layer", type=_positive_int)
-    group.add_argument("--n-head", type=_positive_int)
+    group.add_argument("--n-layers", type=_positive_int)
+    group.add_argument("--n-heads", type=_positive_int)
     group.add_argument("--d-model", type=_positive_int)
     group.add_argument("--block-size", type=_positive_int,
                        help="context length (with --task: set by the task)")
@@ -1081,7 +1081,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     preset = dict(PRESETS[args.preset])
-    for key in ("n_layer", "n_head", "d_model", "block_size", "batch_size", "max_iters", "lr",
+    for key in ("n_layers", "n_heads", "d_model", "block_size", "batch_size", "max_iters", "lr",
                 "dropout", "eval_interval", "eval_iters", "warmup_iters"):
         if getattr(args, key) is not None:
             preset[key] = getattr(args, key)
@@ -1135,7 +1135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         model_config = GPTConfig(vocab_size=vocab_size, block_size=preset["block_size"],
-                                 n_layer=preset["n_layer"], n_head=preset["n_head"],
+                                 n_layers=preset["n_layers"], n_heads=preset["n_heads"],
                                  d_model=preset["d_model"], dropout=preset["dropout"],
                                  impl=args.impl)
         options = {} if args.grad_clip is None else {"grad_clip": args.grad_clip}
@@ -1157,7 +1157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--preset {args.preset}: {error}")
     model = MiniGPT(model_config)
     print(f"MiniGPT: {model.num_parameters():,} parameters, "
-          f"{model_config.n_layer} layers x {model_config.n_head} heads, width "
+          f"{model_config.n_layers} layers x {model_config.n_heads} heads, width "
           f"{model_config.d_model}, context {model_config.block_size}, vocabulary {vocab_size}; "
           f"device {device}")
 
