@@ -42,6 +42,7 @@ from course_attn import (
     combine_masks,
     decode_step_seconds,
     merge_heads,
+    new_caches,
     padding_mask,
     pick_device,
     positions_from_attention_mask,
@@ -60,7 +61,7 @@ matplotlib.use("Agg")
 
 SWEPT_MODULES = {f"course_attn.{m}" for m in (
     "attention", "masks", "layers", "model", "encoder_decoder", "env", "softmax",
-    "self_attention", "viz")}
+    "self_attention", "viz", "decoding", "measure")}  # analysis: test_train_api_errors
 
 # Targets that cannot take one of the two kinds of bad argument, and why.
 EXEMPT = {
@@ -161,9 +162,9 @@ case("to_additive_mask", "dtype", TypeError, lambda: to_additive_mask(_bool(2), 
 case("combine_masks", "t_q", TypeError, lambda: combine_masks(3.0, 3))
 case("combine_masks", "t_q", ValueError, lambda: combine_masks(0, 4))
 case("combine_masks", "t_k", ValueError, lambda: combine_masks(4, 0))
-case("combine_masks", "attn_mask", TypeError, lambda: combine_masks(3, 3, attn_mask=[[True]]))
-case("combine_masks", "attn_mask", ValueError,
-     lambda: combine_masks(3, 3, attn_mask=_bool(2, 3, 3), attention_mask=_bool(3, 3)))
+case("combine_masks", "mask", TypeError, lambda: combine_masks(3, 3, mask=[[True]]))
+case("combine_masks", "mask", ValueError,
+     lambda: combine_masks(3, 3, mask=_bool(2, 3, 3), attention_mask=_bool(3, 3)))
 case("combine_masks", "attention_mask", ValueError,
      lambda: combine_masks(3, 3, attention_mask=_bool(2, 4)))
 case("combine_masks", "attention_mask", TypeError,
@@ -182,6 +183,8 @@ case("sinusoidal_table", "max_len", TypeError, lambda: sinusoidal_table(4.0, 8))
 case("sinusoidal_table", "d_model", ValueError, lambda: sinusoidal_table(4, 0))
 K4 = torch.randn(2, 2, 3, 4)
 case("KVCache.update", "k", TypeError, lambda: KVCache().update(K4.tolist(), K4))
+case("new_caches", "n_layers", TypeError, lambda: new_caches(2.0))
+case("new_caches", "n_layers", ValueError, lambda: new_caches(0))
 case("KVCache.update", "v", TypeError, lambda: KVCache().update(K4, K4.long()))
 case("KVCache.update", "k", ValueError, lambda: KVCache().update(K4, K4[:, :, :2]))
 case("KVCache.update", "k", TypeError, lambda: _cache_with(K4).update(K4.double(), K4.double()))
@@ -203,9 +206,8 @@ case("MultiHeadAttention.forward", "attention_mask", TypeError,
      lambda: MHA(X8, attention_mask=torch.ones(2, 3)))
 case("MultiHeadAttention.forward", "attention_mask", ValueError,
      lambda: MHA(X8, attention_mask=_bool(2, 4)))
-case("MultiHeadAttention.forward", "attn_mask", TypeError,
-     lambda: MHA(X8, attn_mask=torch.zeros(3, 3)))
-case("MultiHeadAttention.forward", "attn_mask", ValueError, lambda: MHA(X8, attn_mask=_bool(3, 4)))
+case("MultiHeadAttention.forward", "mask", TypeError, lambda: MHA(X8, mask=torch.zeros(3, 3)))
+case("MultiHeadAttention.forward", "mask", ValueError, lambda: MHA(X8, mask=_bool(3, 4)))
 case("MultiHeadAttention.forward", "is_causal", TypeError, lambda: MHA(X8, is_causal="no"))
 case("MultiHeadAttention.forward", "need_weights", TypeError, lambda: MHA(X8, need_weights=1))
 case("MultiHeadAttention.forward", "cache", TypeError, lambda: MHA(X8, cache={}))

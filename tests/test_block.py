@@ -128,10 +128,10 @@ def test_block_is_the_pre_norm_formula_with_the_unnormalised_residual():
     torch.manual_seed(2)
     block = TransformerBlock(D, H, norm_first=True).double().eval()
     x = torch.randn(2, 4, D, dtype=torch.float64)
-    h = x + block.self_attn(block.norm1(x))
+    h = x + block.self_attn(block.norm1(x))[0]
     expected = h + block.ff(block.norm2(h))
     assert_close(block(x), expected, atol=1e-12, rtol=1e-10)
-    wrong = block.norm1(x) + block.self_attn(block.norm1(x))  # the residual after the norm
+    wrong = block.norm1(x) + block.self_attn(block.norm1(x))[0]  # the residual after the norm
     assert (wrong + block.ff(block.norm2(wrong)) - expected).abs().max() > 1e-3
 
 
@@ -198,7 +198,7 @@ def test_feed_forward_acts_on_each_position_alone():
     x2 = x.clone()
     x2[0, 2] += 1.0
     ff_changed = (ff(x2) - ff(x)).abs().amax(dim=-1)[0]  # (T,)
-    attn_changed = (block.self_attn(x2) - block.self_attn(x)).abs().amax(dim=-1)[0]
+    attn_changed = (block.self_attn(x2)[0] - block.self_attn(x)[0]).abs().amax(dim=-1)[0]
     assert ff_changed[2] > 1e-3 and torch.equal(ff_changed[[0, 1, 3, 4]], torch.zeros(4).double())
     assert (attn_changed > 1e-6).all()  # attention spreads the change to every position
     assert ff.linear1.out_features == 4 * D
@@ -320,15 +320,15 @@ def blocks():
 def test_block_rejects_wrong_widths_and_dtypes(blocks):
     encoder, decoder = blocks
     for block in (encoder, TransformerBlock(8, 2, norm_first=False)):
-        with pytest.raises(ValueError, match=r"x must be \(B, T, D\) with D=d_model=8"):
+        with pytest.raises(ValueError, match=r"x must have width d_model=8"):
             block(torch.randn(2, 3, 6))
     with pytest.raises(ValueError, match="x must have 3 dimensions"):
         encoder(torch.randn(3, 8))
     with pytest.raises(TypeError, match="x has dtype torch.float64"):
         encoder(torch.randn(2, 3, 8, dtype=torch.float64))
-    with pytest.raises(ValueError, match=r"memory must be \(B, T_m, D\)"):
+    with pytest.raises(ValueError, match=r"memory must have width d_model=8"):
         decoder(torch.randn(2, 3, 8), memory=torch.randn(2, 4, 6))
-    with pytest.raises(ValueError, match=r"memory must be \(B, T_m, D\) with B=2"):
+    with pytest.raises(ValueError, match=r"memory must have batch size B=2"):
         decoder(torch.randn(2, 3, 8), memory=torch.randn(3, 4, 8))
 
 
@@ -350,13 +350,13 @@ def test_block_rejects_masks_of_the_wrong_shape_or_dtype(blocks):
         encoder(x, attention_mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="attention_mask must have shape.*B=2"):
         encoder(x, attention_mask=torch.ones(3, 3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="attn_mask"):
-        encoder(x, attn_mask=torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask of shape"):
+        encoder(x, mask=torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="memory_attention_mask"):
         decoder(x, memory=memory, memory_attention_mask=torch.ones(2, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="memory_attention_mask"):
         decoder(x, memory=memory, memory_attention_mask=torch.ones(3, 4, dtype=torch.bool))
-    with pytest.raises(TypeError, match="memory_attention_mask must have dtype torch.bool"):
+    with pytest.raises(TypeError, match="memory_attention_mask must be a torch.bool tensor"):
         decoder(x, memory=memory, memory_attention_mask=torch.ones(2, 4))
 
 
@@ -396,9 +396,9 @@ def test_positions_out_of_range_or_of_the_wrong_kind_are_rejected():
 def test_encoder_decoder_rejects_bad_tokens_masks_and_configs():
     model = _toy_model()
     src, src_mask, tgt, tgt_mask = _toy_batch()
-    with pytest.raises(ValueError, match=r"src must hold ids in \[0, 11\)"):
+    with pytest.raises(ValueError, match=r"src must hold token ids in \[0, vocab_size=11\)"):
         model(src + 11, tgt)
-    with pytest.raises(TypeError, match="tgt must hold token ids as torch.long"):
+    with pytest.raises(TypeError, match="tgt must have dtype torch.long"):
         model(src, tgt.int())
     with pytest.raises(ValueError, match=r"src_attention_mask must have shape \(B, T\)=\(3, 6\)"):
         model(src, tgt, src_attention_mask=src_mask[:, :5])

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from course_attn.analysis import induction_attention_score, offset_attention_score
 from course_attn.data import (
     DEFAULT_CORPUS_MODULES,
     CharCorpus,
@@ -24,13 +25,7 @@ from course_attn.data import (
     load_text,
     train_val_split,
 )
-from course_attn.tasks import (
-    CopyTask,
-    RecallTask,
-    induction_attention_score,
-    make_task,
-    offset_attention_score,
-)
+from course_attn.tasks import CopyTask, RecallTask, make_task
 
 TEXT = "To be, or not to be: that is the question.\nWhether 'tis nobler...\n"
 

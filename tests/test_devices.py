@@ -103,13 +103,13 @@ def test_multi_head_attention_on_meta_with_every_mask(impl, masks):
     kwargs = {
         "none": {},
         "causal": dict(is_causal=True),
-        "attn_mask_2d": dict(attn_mask=torch.ones(T, T, dtype=torch.bool, device=META)),
-        "attn_mask_3d": dict(attn_mask=torch.ones(2, T, T, dtype=torch.bool, device=META)),
+        "attn_mask_2d": dict(mask=torch.ones(T, T, dtype=torch.bool, device=META)),
+        "attn_mask_3d": dict(mask=torch.ones(2, T, T, dtype=torch.bool, device=META)),
         "key_padding": dict(attention_mask=left_padding()),
         "all": dict(is_causal=True, attention_mask=left_padding(),
-                    attn_mask=torch.ones(T, T, dtype=torch.bool, device=META)),
+                    mask=torch.ones(T, T, dtype=torch.bool, device=META)),
     }[masks]
-    out = mha(x, **kwargs)
+    out = mha(x, **kwargs)[0]
     out.sum().backward()
     out_w, weights = mha(x, need_weights=True, **kwargs)
     assert all_on_meta(out, out_w, weights, x.grad)
@@ -122,10 +122,10 @@ def test_multi_head_attention_cache_and_cross_attention_on_meta():
 
     cache = KVCache()
     x = torch.randn(2, T, 16, device=META)
-    mha(x[:, :4], is_causal=True, cache=cache)
-    step = mha(x[:, 4:5], is_causal=True, cache=cache)  # T_q=1 < T_k=5: bottom-right mask
+    mha(x[:, :4], is_causal=True, cache=cache)[0]
+    step = mha(x[:, 4:5], is_causal=True, cache=cache)[0]  # T_q=1 < T_k=5: bottom-right mask
     memory = torch.randn(2, 3, 16, device=META)
-    cross = mha(x, memory, memory, attention_mask=padding_mask([3, 2], device=META))
+    cross = mha(x, memory, memory, attention_mask=padding_mask([3, 2], device=META))[0]
     assert all_on_meta(step, cross, cache.k)
 
 

@@ -37,10 +37,10 @@ def test_multi_head_attention_with_cache_matches_full_causal_attention(impl):
     torch.manual_seed(0)
     mha = MultiHeadAttention(D, H, impl=impl).double().eval()
     x = torch.randn(3, 7, D, dtype=torch.float64)
-    full = mha(x, is_causal=True)  # (B, T, D)
+    full = mha(x, is_causal=True)[0]  # (B, T, D)
     cache = KVCache()
     for t in range(7):
-        step = mha(x[:, t:t + 1], is_causal=True, cache=cache)  # (B, 1, D)
+        step = mha(x[:, t:t + 1], is_causal=True, cache=cache)[0]  # (B, 1, D)
         assert cache.length == t + 1
         assert_close(step[:, 0], full[:, t], **TOL)
 
@@ -50,9 +50,9 @@ def test_chunked_prefill_then_single_steps_match_the_full_pass():
     torch.manual_seed(1)
     mha = MultiHeadAttention(D, H).double().eval()
     x = torch.randn(2, 8, D, dtype=torch.float64)
-    full = mha(x, is_causal=True)
+    full = mha(x, is_causal=True)[0]
     cache = KVCache()
-    pieces = [mha(x[:, a:b], is_causal=True, cache=cache) for a, b in ((0, 3), (3, 6), (6, 7),
+    pieces = [mha(x[:, a:b], is_causal=True, cache=cache)[0] for a, b in ((0, 3), (3, 6), (6, 7),
                                                                        (7, 8))]
     assert_close(torch.cat(pieces, dim=1), full, **TOL)
 
@@ -165,7 +165,7 @@ def test_a_cache_used_with_a_mismatched_batch_or_mask_is_rejected():
         block(torch.randn(2, 1, D), cache=[])
     with pytest.raises(ValueError, match="cache is for self-attention"):
         MultiHeadAttention(D, H)(torch.randn(2, 1, D), torch.randn(2, 3, D), torch.randn(2, 3, D),
-                                 cache=KVCache())
+                                 cache=KVCache())[0]
 
 
 def test_decoder_rejects_bad_caches():
@@ -185,7 +185,7 @@ def test_decoder_rejects_bad_caches():
     caches[0].reset()
     with pytest.raises(ValueError, match="different lengths"):
         model.decoder(tgt, memory, caches=caches)
-    with pytest.raises(ValueError, match="memory must have shape"):
+    with pytest.raises(ValueError, match="memory must have width"):
         model.decoder(tgt, memory[:, :, :8])
 
 
@@ -227,12 +227,12 @@ def test_kv_cache_refuses_new_keys_of_another_dtype_or_device_instead_of_promoti
 def test_a_layer_converted_mid_decoding_is_told_to_reset_its_cache():
     mha = MultiHeadAttention(D, H)
     cache = KVCache()
-    mha(torch.randn(2, 3, D), is_causal=True, cache=cache)
+    mha(torch.randn(2, 3, D), is_causal=True, cache=cache)[0]
     mha.double()
     with pytest.raises(TypeError, match=r"cache holds torch.float32 keys.*reset\(\)"):
-        mha(torch.randn(2, 1, D, dtype=torch.float64), is_causal=True, cache=cache)
+        mha(torch.randn(2, 1, D, dtype=torch.float64), is_causal=True, cache=cache)[0]
     with pytest.raises(TypeError, match=r"^need_weights must be a bool"):
-        mha(torch.randn(2, 1, D, dtype=torch.float64), cache=cache, need_weights="yes")
+        mha(torch.randn(2, 1, D, dtype=torch.float64), cache=cache, need_weights="yes")[0]
     assert cache.length == 3  # a refused call leaves the cache as it was
 
 

@@ -256,24 +256,24 @@ def test_combine_masks_shapes_and_logic():
     assert torch.equal(combine_masks(3, 4, is_causal=True), causal_mask(3, 4))
     attn = _random_bool_mask((3, 4), 2)
     kpm = padding_mask([4, 2], side="left")
-    combined = combine_masks(3, 4, attn_mask=attn, attention_mask=kpm, is_causal=True)
+    combined = combine_masks(3, 4, mask=attn, attention_mask=kpm, is_causal=True)
     assert combined.shape == (2, 1, 3, 4)
     expected = attn & causal_mask(3, 4) & kpm[:, None, None, :]
     assert torch.equal(combined, expected)
     only_kpm = combine_masks(3, 4, attention_mask=kpm)
     assert only_kpm.shape == (2, 1, 1, 4)
     batched = _random_bool_mask((2, 3, 4), 3)
-    assert torch.equal(combine_masks(3, 4, attn_mask=batched), batched.unsqueeze(1))
+    assert torch.equal(combine_masks(3, 4, mask=batched), batched.unsqueeze(1))
 
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "name"),
     [
-        ({"attn_mask": torch.ones(4, 3, dtype=torch.bool)}, ValueError, "attn_mask"),
-        ({"attn_mask": torch.ones(3, dtype=torch.bool)}, ValueError, "attn_mask"),
-        ({"attn_mask": torch.ones(1, 2, 3, 4, dtype=torch.bool)}, ValueError, "attn_mask"),
-        ({"attn_mask": torch.zeros(3, 4)}, TypeError, "attn_mask"),
-        ({"attn_mask": [[True] * 4] * 3}, TypeError, "attn_mask"),
+        ({"mask": torch.ones(4, 3, dtype=torch.bool)}, ValueError, "mask"),
+        ({"mask": torch.ones(3, dtype=torch.bool)}, ValueError, "mask"),
+        ({"mask": torch.ones(1, 2, 3, 4, dtype=torch.bool)}, ValueError, "mask"),
+        ({"mask": torch.zeros(3, 4)}, TypeError, "mask"),
+        ({"mask": [[True] * 4] * 3}, TypeError, "mask"),
         ({"attention_mask": torch.ones(2, 3, dtype=torch.bool)}, ValueError,
          "attention_mask"),
         ({"attention_mask": torch.ones(4, dtype=torch.bool)}, ValueError, "attention_mask"),
@@ -302,27 +302,27 @@ def test_future_tokens_never_change_earlier_outputs(impl):
     mha = _mha(0, impl=impl)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 7, 8, generator=g, dtype=torch.float64)
-    base = mha(x, is_causal=True)
+    base = mha(x, is_causal=True)[0]
     for pos in range(x.shape[1]):
         perturbed = x.clone()
         perturbed[:, pos] += 10 * torch.randn(2, 8, generator=g, dtype=torch.float64)
-        out = mha(perturbed, is_causal=True)
+        out = mha(perturbed, is_causal=True)[0]
         assert torch.equal(out[:, :pos], base[:, :pos]), f"leak into positions < {pos}"
         assert not torch.allclose(out[:, pos], base[:, pos])  # the token itself does change
         if pos > 0:  # and without the mask the change reaches earlier positions (a leak)
-            assert not torch.allclose(mha(perturbed)[:, :pos], mha(x)[:, :pos])
+            assert not torch.allclose(mha(perturbed)[0][:, :pos], mha(x)[0][:, :pos])
 
 
 def test_causal_with_cache_alignment_matches_full_pass():
     """t_q < t_k (the last queries over all keys) reproduces the tail of a full causal pass."""
     mha = _mha(2)
     x = torch.randn(1, 6, 8, dtype=torch.float64)
-    full = mha(x, is_causal=True)
+    full = mha(x, is_causal=True)[0]
     # the last two queries attend all six keys through a bottom-right (2, 6) causal mask
-    tail = mha(x[:, 4:], x, x, attn_mask=causal_mask(2, 6))
+    tail = mha(x[:, 4:], x, x, mask=causal_mask(2, 6))[0]
     assert_close(tail, full[:, 4:], **F64)
     top_left = torch.ones(2, 6, dtype=torch.bool).tril()
-    assert not torch.allclose(mha(x[:, 4:], x, x, attn_mask=top_left), full[:, 4:])
+    assert not torch.allclose(mha(x[:, 4:], x, x, mask=top_left)[0], full[:, 4:])
 
 
 # ----------------------------------------------------- left and right padding
@@ -358,10 +358,10 @@ def test_padded_batch_equals_each_sequence_alone(side, is_causal, impl):
     batch = _padded_batch(seqs, side, 0.0)
     # with left pads and is_causal, a real query's causal window starts on pads: only
     # the key padding mask removes them (test_left_padding_without_key_padding_mask_leaks)
-    out = mha(batch, attention_mask=kpm, is_causal=is_causal)
+    out = mha(batch, attention_mask=kpm, is_causal=is_causal)[0]
     assert torch.isfinite(out).all()  # pad query rows too (some attend to nothing)
     for row, seq in enumerate(seqs):
-        alone = mha(seq.unsqueeze(0), is_causal=is_causal)[0]
+        alone = mha(seq.unsqueeze(0), is_causal=is_causal)[0][0]
         real = _real_positions(seq.shape[0], max_len, side)
         assert_close(out[row, real], alone, **F64)
 
@@ -374,7 +374,7 @@ def test_left_and_right_padding_agree(is_causal):
     outs = {}
     for side in ("right", "left"):
         out = mha(_padded_batch(seqs, side, 0.0), attention_mask=padding_mask(LENGTHS, side=side),
-                  is_causal=is_causal)
+                  is_causal=is_causal)[0]
         outs[side] = [out[row, _real_positions(n, max(LENGTHS), side)]
                       for row, n in enumerate(LENGTHS)]
     for right, left in zip(outs["right"], outs["left"], strict=True):
@@ -386,10 +386,10 @@ def test_left_padding_without_key_padding_mask_leaks():
     mha = _mha(7)
     seq = torch.randn(3, 8, dtype=torch.float64)
     batch = _padded_batch([seq, torch.randn(5, 8, dtype=torch.float64)], "left", 1.0)
-    alone = mha(seq.unsqueeze(0), is_causal=True)[0]
-    wrong = mha(batch, is_causal=True)[0, 2:]
+    alone = mha(seq.unsqueeze(0), is_causal=True)[0][0]
+    wrong = mha(batch, is_causal=True)[0][0, 2:]
     assert not torch.allclose(wrong, alone)
-    right = mha(batch, is_causal=True, attention_mask=padding_mask([3, 5], side="left"))[0, 2:]
+    right = mha(batch, is_causal=True, attention_mask=padding_mask([3, 5], side="left"))[0][0, 2:]
     assert_close(right, alone, **F64)
 
 
@@ -400,12 +400,12 @@ def test_pad_values_do_not_matter(side, impl):
     g = torch.Generator().manual_seed(9)
     seqs = [torch.randn(n, 8, generator=g, dtype=torch.float64) for n in LENGTHS]
     kpm = padding_mask(LENGTHS, side=side)
-    base = mha(_padded_batch(seqs, side, 0.0), attention_mask=kpm, is_causal=True)
+    base = mha(_padded_batch(seqs, side, 0.0), attention_mask=kpm, is_causal=True)[0]
     for pad_value in (1e6, -3.0, 42.0):
         batch = _padded_batch(seqs, side, 0.0)
         batch[~kpm] = pad_value * torch.rand(int((~kpm).sum()), 8, generator=g,
                                              dtype=torch.float64)
-        out = mha(batch, attention_mask=kpm, is_causal=True)
+        out = mha(batch, attention_mask=kpm, is_causal=True)[0]
         assert torch.isfinite(out).all()
         assert_close(out[kpm], base[kpm], **F64)
 
@@ -423,7 +423,7 @@ def test_cross_attention_padding_mask_has_query_by_key_shape():
     assert weights.shape == (2, 2, 4, 6)
     assert (weights[1, :, :, 3:] == 0).all()
     assert_close(weights.sum(-1), torch.ones(2, 2, 4, dtype=torch.float64), **F64)
-    alone = mha(query[1:], memory[1:, :3], memory[1:, :3])
+    alone = mha(query[1:], memory[1:, :3], memory[1:, :3])[0]
     assert_close(out[1:], alone, **F64)
 
 
@@ -520,11 +520,11 @@ def test_combine_masks_refuses_non_positive_lengths_instead_of_returning_none(t_
 
 def test_combine_masks_refuses_masks_whose_batch_sizes_disagree():
     attn_mask = torch.ones(2, 3, 3, dtype=torch.bool)  # B = 2
-    with pytest.raises(ValueError, match=r"attn_mask and attention_mask disagree on the "
+    with pytest.raises(ValueError, match=r"mask and attention_mask disagree on the "
                                          r"batch size B: .*B=2.*B=3"):
-        combine_masks(3, 3, attn_mask=attn_mask, attention_mask=torch.ones(3, 3, dtype=bool))
+        combine_masks(3, 3, mask=attn_mask, attention_mask=torch.ones(3, 3, dtype=bool))
     # B = 1 on either side broadcasts, as before
-    out = combine_masks(3, 3, attn_mask=attn_mask[:1], attention_mask=torch.ones(3, 3,
+    out = combine_masks(3, 3, mask=attn_mask[:1], attention_mask=torch.ones(3, 3,
                                                                                    dtype=bool))
     assert out.shape == (3, 1, 3, 3)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from course_attn.decoding import pick_next
 from course_attn.layers import TransformerBlock
 from course_attn.model import GPTConfig, MiniGPT
 
@@ -279,13 +280,13 @@ def test_a_tiny_temperature_samples_like_softmax_the_best_token_never_nan(temper
 
 def test_the_tempered_sampler_shares_ties_and_keeps_ordinary_temperatures_bit_for_bit():
     logits = torch.tensor([[2.0, 2.0, -1.0, 0.5], [1e30, -1e30, 0.0, 3.0]])
-    picks = torch.cat([MiniGPT._pick(logits, 1e-45, None, torch.Generator().manual_seed(s))
+    picks = torch.cat([pick_next(logits, 1e-45, None, torch.Generator().manual_seed(s))
                        for s in range(40)], dim=1)  # (2, 40)
     assert set(picks[0].tolist()) == {0, 1}  # the two best share the probability, as softmax
     assert set(picks[1].tolist()) == {0}
     # an ordinary temperature takes the plain route: torch.softmax(logits / T) exactly
     for seed in range(5):
-        got = MiniGPT._pick(logits[:1], 0.7, 2, torch.Generator().manual_seed(seed))
+        got = pick_next(logits[:1], 0.7, 2, torch.Generator().manual_seed(seed))
         scaled = logits[:1] / 0.7
         scaled = scaled.masked_fill(scaled < scaled.topk(2).values[:, -1:], float("-inf"))
         want = torch.multinomial(torch.softmax(scaled, -1), 1,

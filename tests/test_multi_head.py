@@ -65,7 +65,7 @@ def test_self_attention_matches_torch(seed, bias):
     assert_close(weights, ref_weights, **F64)  # per head: (B, H, T_q, T_k)
     _, averaged = ref(x, x, x, need_weights=True, average_attn_weights=True)
     assert_close(weights.mean(dim=1), averaged, **F64)
-    assert_close(mha(x), out, **F64)  # need_weights=False gives the same output
+    assert_close(mha(x)[0], out, **F64)  # need_weights=False gives the same output
 
 
 @pytest.mark.parametrize("impl", ATTENTION_IMPLS)
@@ -76,7 +76,7 @@ def test_cross_attention_with_key_padding_matches_torch(bias, side, impl):
     query = _randn(3, 4, D_MODEL, seed=11)  # T_q = 4
     memory = _randn(3, 7, D_MODEL, seed=12)  # T_k = 7
     kpm = padding_mask([7, 3, 5], side=side)  # (B, T_k), True on real keys
-    out = mha(query, memory, memory, attention_mask=kpm)
+    out = mha(query, memory, memory, attention_mask=kpm)[0]
     ref_out, ref_weights = ref(query, memory, memory, key_padding_mask=to_torch_mha_mask(kpm),
                                average_attn_weights=False)
     assert out.shape == (3, 4, D_MODEL)
@@ -94,8 +94,8 @@ def test_causal_self_attention_matches_torch(bias, impl):
     torch_mask = to_torch_mha_mask(causal_mask(6))  # nn.MultiheadAttention: True = blocked
     ref_out, ref_weights = ref(x, x, x, attn_mask=torch_mask, is_causal=True,
                                average_attn_weights=False)
-    assert_close(mha(x, is_causal=True), ref_out, **F64)
-    assert_close(mha(x, attn_mask=causal_mask(6)), ref_out, **F64)
+    assert_close(mha(x, is_causal=True)[0], ref_out, **F64)
+    assert_close(mha(x, mask=causal_mask(6))[0], ref_out, **F64)
     _, weights = mha(x, is_causal=True, need_weights=True)
     assert_close(weights, ref_weights, **F64)
     assert (weights.triu(diagonal=1) == 0).all()
@@ -107,7 +107,7 @@ def test_causal_with_padding_and_shorter_queries_matches_torch():
     query = _randn(2, 3, D_MODEL, seed=26)
     memory = _randn(2, 8, D_MODEL, seed=27)
     kpm = padding_mask([8, 5], side="left")
-    out = mha(query, memory, memory, attention_mask=kpm, is_causal=True)
+    out = mha(query, memory, memory, attention_mask=kpm, is_causal=True)[0]
     ref_out, _ = ref(query, memory, memory, key_padding_mask=to_torch_mha_mask(kpm),
                      attn_mask=to_torch_mha_mask(causal_mask(3, 8)))
     assert_close(out, ref_out, **F64)
@@ -124,14 +124,14 @@ def test_batched_attn_mask_matches_torch(bias, impl):
     torch_mask = to_torch_mha_mask(attn_mask).repeat_interleave(N_HEADS, dim=0)  # (B*H, T_q, T_k)
     ref_out, ref_weights = ref(query, memory, memory, attn_mask=torch_mask,
                                average_attn_weights=False)
-    assert_close(mha(query, memory, memory, attn_mask=attn_mask), ref_out, **F64)
-    _, weights = mha(query, memory, memory, attn_mask=attn_mask, need_weights=True)
+    assert_close(mha(query, memory, memory, mask=attn_mask)[0], ref_out, **F64)
+    _, weights = mha(query, memory, memory, mask=attn_mask, need_weights=True)
     assert_close(weights, ref_weights, **F64)
     # and combined with a key padding mask
     kpm = padding_mask([6, 4])
     ref_out, _ = ref(query, memory, memory, attn_mask=torch_mask,
                      key_padding_mask=to_torch_mha_mask(kpm))
-    assert_close(mha(query, memory, memory, attn_mask=attn_mask, attention_mask=kpm),
+    assert_close(mha(query, memory, memory, mask=attn_mask, attention_mask=kpm)[0],
                  ref_out, **F64)
 
 
@@ -143,7 +143,7 @@ def test_float32_matches_torch(d_model, n_heads, impl):
     kpm = padding_mask([5, 2, 4])
     ref_out, _ = ref(x, x, x, key_padding_mask=to_torch_mha_mask(kpm),
                      attn_mask=to_torch_mha_mask(causal_mask(5)))
-    assert_close(mha(x, attention_mask=kpm, is_causal=True), ref_out, **F32)
+    assert_close(mha(x, attention_mask=kpm, is_causal=True)[0], ref_out, **F32)
 
 
 def test_gradients_match_torch():
@@ -153,7 +153,7 @@ def test_gradients_match_torch():
     x = _randn(2, 5, D_MODEL, seed=51).requires_grad_(True)
     x_ref = x.detach().clone().requires_grad_(True)
     kpm = padding_mask([5, 3])
-    mha(x, attention_mask=kpm, is_causal=True).square().sum().backward()
+    mha(x, attention_mask=kpm, is_causal=True)[0].square().sum().backward()
     ref(x_ref, x_ref, x_ref, key_padding_mask=to_torch_mha_mask(kpm),
         attn_mask=to_torch_mha_mask(causal_mask(5)))[0].square().sum().backward()
     assert_close(x.grad, x_ref.grad, **F64)
@@ -178,11 +178,11 @@ def _mask_kwargs(case: str) -> dict:
     if case == "batched_attn_mask":
         mask = torch.rand(2, 4, 6, generator=torch.Generator().manual_seed(60)) > 0.5
         mask[..., -1] = True
-        return {"attn_mask": mask}
+        return {"mask": mask}
     if case == "fully_masked_row":
         mask = torch.ones(4, 6, dtype=torch.bool)
         mask[1] = False  # query 1 may attend nothing
-        return {"attn_mask": mask, "attention_mask": padding_mask([6, 0])}  # row 1: no keys
+        return {"mask": mask, "attention_mask": padding_mask([6, 0])}  # row 1: no keys
     return {}
 
 
@@ -198,7 +198,7 @@ def test_manual_and_sdpa_paths_agree(case):
     for layer in (manual, fused):
         q = query.clone().requires_grad_(True)
         m = memory.clone().requires_grad_(True)
-        out = layer(q, m, m, **_mask_kwargs(case))
+        out = layer(q, m, m, **_mask_kwargs(case))[0]
         out.square().sum().backward()
         outs.append(out)
         grads.append([q.grad, m.grad] + [p.grad for p in layer.parameters()])
@@ -215,7 +215,7 @@ def test_fully_masked_rows_give_out_proj_bias_and_finite_grads(impl):
     mha = MultiHeadAttention(D_MODEL, N_HEADS, impl=impl).double()
     x = _randn(2, 5, D_MODEL, seed=71).requires_grad_(True)
     kpm = padding_mask([5, 0])  # the second sequence is all padding
-    out = mha(x, attention_mask=kpm, is_causal=True)
+    out = mha(x, attention_mask=kpm, is_causal=True)[0]
     assert_close(out[1], mha.out_proj.bias.expand(5, D_MODEL), **F64)
     out.sum().backward()
     assert (x.grad[1] == 0).all() and torch.isfinite(x.grad).all()
@@ -256,7 +256,7 @@ def test_output_is_sum_over_heads_of_head_times_its_out_proj_block():
     heads = weights @ v  # (B, H, T, head_dim)
     w_o = mha.out_proj.weight  # (D, D): input column block h belongs to head h
     total = sum(heads[:, h] @ w_o[:, h * head_dim:(h + 1) * head_dim].T for h in range(N_HEADS))
-    assert_close(total + mha.out_proj.bias, mha(x), **F64)
+    assert_close(total + mha.out_proj.bias, mha(x)[0], **F64)
 
 
 # ------------------------------------------------------------ sizes and counts
@@ -273,7 +273,7 @@ def test_kv_cache_rejects_cross_attention():
     mha = MultiHeadAttention(8, 2)
     x = torch.randn(1, 2, 8)
     with pytest.raises(ValueError, match="cache"):
-        mha(x, x, x, cache=KVCache())
+        mha(x, x, x, cache=KVCache())[0]
 
 
 # --------------------------------------------------------------- bad inputs
@@ -322,12 +322,12 @@ def _bad_forward_cases():
         ((x, mem, mem), {"attention_mask": torch.ones(6, dtype=bool_)}, ValueError,
          "attention_mask"),
         ((x,), {"attention_mask": [[True] * 4] * 2}, TypeError, "attention_mask"),
-        ((x, mem, mem), {"attn_mask": torch.ones(6, 4, dtype=bool_)}, ValueError, "attn_mask"),
-        ((x, mem, mem), {"attn_mask": torch.zeros(4, 6)}, TypeError, "attn_mask"),
-        ((x, mem, mem), {"attn_mask": torch.ones(3, 4, 6, dtype=bool_)}, ValueError,
-         "attn_mask"),  # batch 3, query batch 2
-        ((x, mem, mem), {"attn_mask": torch.ones(2, 2, 4, 6, dtype=bool_)}, ValueError,
-         "attn_mask"),
+        ((x, mem, mem), {"mask": torch.ones(6, 4, dtype=bool_)}, ValueError, "mask"),
+        ((x, mem, mem), {"mask": torch.zeros(4, 6)}, TypeError, "mask"),
+        ((x, mem, mem), {"mask": torch.ones(3, 4, 6, dtype=bool_)}, ValueError,
+         "mask"),  # batch 3, query batch 2
+        ((x, mem, mem), {"mask": torch.ones(2, 2, 4, 6, dtype=bool_)}, ValueError,
+         "mask"),
         ((x,), {"is_causal": 1}, TypeError, "is_causal"),
         ((x,), {"need_weights": "yes"}, TypeError, "need_weights"),
         ((x,), {"cache": {}}, TypeError, "cache"),
@@ -338,7 +338,7 @@ def _bad_forward_cases():
 def test_forward_bad_inputs(args, kwargs, error, name):
     mha = MultiHeadAttention(8, 2)
     with pytest.raises(error, match=name):
-        mha(*args, **kwargs)
+        mha(*args, **kwargs)[0]
 
 
 @pytest.mark.parametrize(

@@ -123,7 +123,7 @@ def test_self_attention_is_softmax_of_projections_scaled_by_d_out():
     assert out.shape == (2, 4, 3) and weights.shape == (2, 4, 4)
     assert_close(weights, expected_weights)
     assert_close(out, expected_weights @ v)
-    assert_close(layer(x), out)
+    assert_close(layer(x)[0], out)
 
 
 def test_projections_are_linear_layers_and_bias_is_optional():
@@ -162,7 +162,7 @@ def test_layer_uses_the_package_attention_function():
     mask = torch.tensor([[True, True, False]]).expand(3, 3)  # last key hidden from everyone
     q, k, v = layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)
     expected, _ = scaled_dot_product_attention(q, k, v, mask, scale=1 / math.sqrt(8))
-    assert_close(layer(x, mask=mask), expected)
+    assert_close(layer(x, mask=mask)[0], expected)
 
 
 def test_causal_mask_keeps_earlier_outputs_independent_of_later_tokens():
@@ -171,8 +171,8 @@ def test_causal_mask_keeps_earlier_outputs_independent_of_later_tokens():
     x = _x(1, 6, 4)
     changed = x.clone()
     changed[:, 4:] = _x(1, 2, 4, seed=9)
-    out = layer(x, mask=causal_mask(6))
-    out_changed = layer(changed, mask=causal_mask(6))
+    out = layer(x, mask=causal_mask(6))[0]
+    out_changed = layer(changed, mask=causal_mask(6))[0]
     assert_close(out[:, :4], out_changed[:, :4])
     assert not torch.allclose(out[:, 4:], out_changed[:, 4:])
 
@@ -182,14 +182,14 @@ def test_self_attention_is_permutation_equivariant_without_a_mask():
     layer = SelfAttention(3, 5).double()
     x = _x(2, 6, 3)
     perm = torch.tensor([3, 0, 5, 1, 4, 2])
-    assert_close(layer(x[:, perm]), layer(x)[:, perm])
+    assert_close(layer(x[:, perm])[0], layer(x)[0][:, perm])
 
 
 def test_self_attention_gradcheck_float64():
     torch.manual_seed(5)
     layer = SelfAttention(3, 2, qkv_bias=True).double()
     x = _x(2, 4, 3).requires_grad_()
-    assert torch.autograd.gradcheck(lambda t: layer(t, mask=causal_mask(4)), (x,))
+    assert torch.autograd.gradcheck(lambda t: layer(t, mask=causal_mask(4))[0], (x,))
 
 
 @pytest.mark.parametrize(
@@ -248,9 +248,9 @@ def test_self_attention_module_passes_nan_through_to_the_rows_it_reaches():
     layer = SelfAttention(4, 4)
     x = torch.randn(1, 3, 4)
     x[0, 0, 0] = float("nan")
-    out = layer(x, mask=causal_mask(3))
+    out = layer(x, mask=causal_mask(3))[0]
     assert torch.isnan(out).all()  # token 0 is seen by every query
-    out = layer(x, mask=torch.tensor([False, True, True]).expand(3, 3))  # token 0 as padding
+    out = layer(x, mask=torch.tensor([False, True, True]).expand(3, 3))[0]  # token 0 as padding
     assert torch.isfinite(out[0, 1:]).all()
 
 

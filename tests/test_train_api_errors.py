@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from course_attn import data, tasks
+from course_attn import analysis, data, tasks
 from course_attn import train as trainer
 from course_attn.model import GPTConfig, MiniGPT
 
@@ -128,12 +128,12 @@ CASES: dict[str, Case] = {
     "RecallTask.get_batch": (lambda p: tasks.RecallTask().get_batch(None, 2), "split",
                              lambda p: tasks.RecallTask().get_batch("dev", 2), "split"),
     "induction_attention_score": (
-        lambda p: tasks.induction_attention_score(WEIGHTS[None], [[0, 1]]), "tokens",
-        lambda p: tasks.induction_attention_score(WEIGHTS[None], torch.arange(6)), "tokens"),
+        lambda p: analysis.induction_attention_score(WEIGHTS[None], [[0, 1]]), "tokens",
+        lambda p: analysis.induction_attention_score(WEIGHTS[None], torch.arange(6)), "tokens"),
     "make_task": (lambda p: tasks.make_task(None), "name",
                   lambda p: tasks.make_task("reverse"), "name"),
-    "offset_attention_score": (lambda p: tasks.offset_attention_score(WEIGHTS, 1.5), "offset",
-                               lambda p: tasks.offset_attention_score(WEIGHTS, 6), "offset"),
+    "offset_attention_score": (lambda p: analysis.offset_attention_score(WEIGHTS, 1.5), "offset",
+                               lambda p: analysis.offset_attention_score(WEIGHTS, 6), "offset"),
 }
 
 #: Public names that are not called: constants, and an interface that is never built.
@@ -144,7 +144,7 @@ NOT_CALLED = {"GPU_PEAK_FLOPS", "PRESETS", "BatchSource", "DEFAULT_CORPUS_MODULE
 def public_callables() -> set[str]:
     """Every callable in the three modules' ``__all__``, and their classes' public methods."""
     names = set()
-    for module in (trainer, data, tasks):
+    for module in (trainer, data, tasks, analysis):
         for name in module.__all__:
             value = getattr(module, name)
             if name in NOT_CALLED:

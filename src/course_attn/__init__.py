@@ -4,6 +4,8 @@ Each public name states in its docstring the chapter that derives it.
 """
 
 from . import diagrams
+from ._version import __version__
+from .analysis import induction_attention_score, offset_attention_score
 from .attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
 from .data import (
     CharCorpus,
@@ -13,19 +15,11 @@ from .data import (
     load_text,
     train_val_split,
 )
-from .encoder_decoder import (
-    Decoder,
-    Encoder,
-    EncoderDecoder,
-    EncoderDecoderConfig,
-    block_gradient_norms,
-    decode_step_seconds,
-    positions_from_attention_mask,
-)
+from .decoding import KVCache, new_caches
+from .encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
 from .env import environment_report, pick_device, seed_everything
 from .layers import (
     FeedForward,
-    KVCache,
     MultiHeadAttention,
     PositionalEncoding,
     TransformerBlock,
@@ -33,13 +27,19 @@ from .layers import (
     sinusoidal_table,
     split_heads,
 )
-from .masks import causal_mask, combine_masks, padding_mask, to_additive_mask, to_torch_mha_mask
+from .masks import (
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    positions_from_attention_mask,
+    to_additive_mask,
+    to_torch_mha_mask,
+)
+from .measure import block_gradient_norms, decode_step_seconds
 from .model import GPTConfig, MiniGPT
 from .self_attention import SelfAttention, simple_self_attention
 from .softmax import attention_pool, softmax
-from .tasks import CopyTask, RecallTask, induction_attention_score, offset_attention_score
-
-__version__ = "0.1.0"
+from .tasks import CopyTask, RecallTask
 
 __all__ = [
     "CharCorpus",
@@ -84,6 +84,7 @@ __all__ = [
     "EncoderDecoderConfig",
     "block_gradient_norms",
     "decode_step_seconds",
+    "new_caches",
     "positions_from_attention_mask",
     "pick_device",
     "seed_everything",

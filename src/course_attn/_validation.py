@@ -40,7 +40,12 @@ from torch import Tensor
 __all__ = [
     "check_bool",
     "check_bool_mask",
+    "check_nonnegative_real",
+    "check_sequence",
+    "check_token_ids",
+    "check_token_mask",
     "check_device",
+    "check_head_split",
     "check_left_padding",
     "check_nonnegative_int",
     "check_choice",
@@ -113,6 +118,15 @@ def check_probability(value: object, name: str) -> float:
         raise TypeError(f"{name} must be a number in [0, 1), got {_describe(value)}")
     if not 0.0 <= float(value) < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return float(value)
+
+
+def check_nonnegative_real(value: object, name: str) -> float:
+    """Check that ``value`` is a finite real number >= 0; return it as float."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a finite number >= 0, got {_describe(value)}")
+    if not math.isfinite(float(value)) or float(value) < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
     return float(value)
 
 
@@ -217,3 +231,87 @@ def values_checkable(tensor: Tensor) -> bool:
     same input on the CPU to get the clear message.
     """
     return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def check_sequence(value: object, name: str, *, width: int, batch: int | None = None,
+                   dtype: torch.dtype | None = None) -> Tensor:
+    """Check a batch of vectors ``(B, T, width)`` with ``T >= 1``, as a layer takes it.
+
+    ``batch`` asks for that ``B``; ``dtype`` for the layer's weight dtype (a
+    mismatch would fail deep inside ``nn.Linear`` with "mat1 and mat2 must have
+    the same dtype"), except under autocast, which casts by itself.
+    """
+    x = check_tensor(value, name, ndim=3)
+    if x.shape[1] == 0:
+        raise ValueError(f"{name} must hold at least one position (B, T, D) with T >= 1, "
+                         f"got shape {tuple(x.shape)}")
+    if x.shape[-1] != width:
+        raise ValueError(f"{name} must have width d_model={width}, got shape {tuple(x.shape)}")
+    if batch is not None and x.shape[0] != batch:
+        raise ValueError(f"{name} must have batch size B={batch}, got shape {tuple(x.shape)}")
+    if dtype is not None and x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{name} has dtype {x.dtype} but the layer's weights are {dtype}; "
+                        "convert one with .to(dtype)")
+    return x
+
+
+def check_token_ids(value: object, name: str, vocab_size: int, *,
+                    shape: Sequence[int] | None = None, ignore_index: int | None = None
+                    ) -> Tensor:
+    """Check token ids: a ``torch.long`` tensor ``(B, T)``, ``B, T >= 1``, ids in ``[0, V)``.
+
+    ``shape`` asks for exactly that shape (targets match their inputs);
+    ``ignore_index`` is one more allowed value (``-1``: left out of a loss). The
+    range is checked only where :func:`values_checkable` allows.
+    """
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.long tensor (B, T) of token ids, got "
+                        f"{_describe(value)}")
+    if value.dtype != torch.long:
+        raise TypeError(f"{name} must have dtype torch.long (token ids), got {value.dtype}")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+    if value.dim() != 2 or value.shape[0] == 0 or value.shape[1] == 0:
+        raise ValueError(f"{name} must have shape (B, T) with B >= 1 and T >= 1, "
+                         f"got {tuple(value.shape)}")
+    if values_checkable(value) and value.numel():
+        bad = (value < 0) | (value >= vocab_size)
+        if ignore_index is not None:
+            bad &= value != ignore_index
+        if bad.any():
+            allowed = "" if ignore_index is None else f" or {ignore_index} (ignored)"
+            raise ValueError(f"{name} must hold token ids in [0, vocab_size={vocab_size})"
+                             f"{allowed}, got values in [{int(value.min())}, "
+                             f"{int(value.max())}]")
+    return value
+
+
+def check_token_mask(value: object, name: str, shape: Sequence[int], *,
+                     rows_nonempty: bool = False) -> Tensor:
+    """Check a mask of real tokens: ``torch.bool`` of exactly ``shape`` ``(B, T)``.
+
+    ``True`` marks a real token, ``False`` padding (the meaning of Hugging Face's
+    ``attention_mask``; PyTorch's ``key_padding_mask`` is the opposite).
+    ``rows_nonempty`` also refuses a row without any real token, where values
+    are checkable.
+    """
+    if not isinstance(value, Tensor) or value.dtype != torch.bool:
+        got = f"dtype {value.dtype}" if isinstance(value, Tensor) else _describe(value)
+        raise TypeError(f"{name} must be a torch.bool tensor (B, T), True on real tokens, "
+                        f"got {got}")
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape (B, T)={tuple(shape)}, "
+                         f"got {tuple(value.shape)}")
+    if rows_nonempty and values_checkable(value) and not value.any(dim=1).all():
+        raise ValueError(f"{name} has a row without any real token (all False)")
+    return value
+
+
+def check_head_split(d_model: object, n_heads: object) -> int:
+    """Check that ``d_model`` splits into ``n_heads`` equal heads; return ``head_dim``."""
+    d_model = check_positive_int(d_model, "d_model")
+    n_heads = check_positive_int(n_heads, "n_heads")
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} "
+                         "(each head gets d_model / n_heads dimensions)")
+    return d_model // n_heads

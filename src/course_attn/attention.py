@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._validation import (
+    check_bool,
     check_bool_mask,
     check_choice,
     check_positive_real,
@@ -60,8 +61,7 @@ def _check_options(mask: object, q: Tensor, k: Tensor, is_causal: object, scale:
         mask = mask.to(q.device)  # a mask built on the CPU follows q to the GPU (no-op if there)
         if mask.dim() < 2:  # (T_k,) or a scalar: give it its (T_q, T_k) axes, as 1s
             mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+    check_bool(is_causal, "is_causal")
     check_probability(dropout_p, "dropout_p")
     if scale is None:
         return mask, 1.0 / math.sqrt(q.shape[-1])
@@ -119,29 +119,7 @@ def scaled_dot_product_attention(
     """
     q, k, v = _check_qkv(q, k, v)
     mask, scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
-    if is_causal:
-        mask = _with_causal(mask, q, k)  # (..., T_q, T_k)
-    if mask is not None:
-        k, v = _zero_unreachable_keys(k, v, mask)
-
-    # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)
-    attn_scores = (q @ k.transpose(-2, -1)) * scale
-    if mask is not None:
-        attn_scores = attn_scores.masked_fill(~mask, float("-inf"))
-        # A row with no allowed key would be softmax(all -inf) = NaN. Give it finite
-        # scores here and zero its weights below, so forward and backward stay finite.
-        has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-        attn_scores = attn_scores.masked_fill(~has_key, 0.0)
-    # Half-precision scores are upcast: softmax's exp and sum lose too much in 16 bits.
-    softmax_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    attn_weights = torch.softmax(attn_scores, dim=-1, dtype=softmax_dtype)  # (..., T_q, T_k)
-    attn_weights = attn_weights.to(q.dtype)
-    if mask is not None:
-        attn_weights = attn_weights.masked_fill(~mask, 0.0)
-    if dropout_p > 0.0:
-        attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)
-    out = attn_weights @ v  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
-    return out, attn_weights
+    return _manual(q, k, v, mask, is_causal, scale, dropout_p)
 
 
 def attention(
@@ -174,11 +152,56 @@ def attention(
     NaN or inf inputs propagate (padded keys excepted, which are contained).
     """
     check_choice(impl, "impl", ATTENTION_IMPLS)
-    if impl == "manual":
-        return scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
-                                            dropout_p=dropout_p)
     q, k, v = _check_qkv(q, k, v)
     mask, scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
+    return _attention(q, k, v, mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
+                      impl=impl)
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, is_causal: bool,
+               scale: float | None, dropout_p: float, impl: str) -> tuple[Tensor, Tensor | None]:
+    """:func:`attention` without its checks, for layers that checked at their boundary.
+
+    ``mask`` must already be on ``q``'s device (``combine_masks`` puts it there).
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    if impl == "manual":
+        return _manual(q, k, v, mask, is_causal, scale, dropout_p)
+    return _fused(q, k, v, mask, is_causal, scale, dropout_p)
+
+
+def _manual(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+            scale: float, dropout_p: float) -> tuple[Tensor, Tensor]:
+    """The manual path, step by step (see :func:`scaled_dot_product_attention`)."""
+    if is_causal:
+        mask = _with_causal(mask, q, k)  # (..., T_q, T_k)
+    if mask is not None:
+        k, v = _zero_unreachable_keys(k, v, mask)
+
+    # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)
+    attn_scores = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        attn_scores = attn_scores.masked_fill(~mask, float("-inf"))
+        # A row with no allowed key would be softmax(all -inf) = NaN. Give it finite
+        # scores here and zero its weights below, so forward and backward stay finite.
+        has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+        attn_scores = attn_scores.masked_fill(~has_key, 0.0)
+    # Half-precision scores are upcast: softmax's exp and sum lose too much in 16 bits.
+    softmax_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    attn_weights = torch.softmax(attn_scores, dim=-1, dtype=softmax_dtype)  # (..., T_q, T_k)
+    attn_weights = attn_weights.to(q.dtype)
+    if mask is not None:
+        attn_weights = attn_weights.masked_fill(~mask, 0.0)
+    if dropout_p > 0.0:
+        attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)
+    out = attn_weights @ v  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
+    return out, attn_weights
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+           scale: float, dropout_p: float) -> tuple[Tensor, None]:
+    """PyTorch's fused kernel with the course's mask conventions (see :func:`attention`)."""
     if is_causal and mask is None and q.shape[-2] == k.shape[-2]:
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
                                              scale=scale)  # (..., T_q, d_v)

@@ -1,21 +1,18 @@
-"""Chapter 7: a small encoder-decoder Transformer, decoding with a KV cache, and two measurements.
+"""Chapter 7: a small encoder-decoder Transformer, decoding with a KV cache.
 
 Everything here is assembled from :class:`~course_attn.layers.TransformerBlock`:
-an :class:`Encoder` (bidirectional self-attention with a key padding mask), a
-:class:`Decoder` (causal self-attention, then cross-attention to the encoder
+an :class:`Encoder` (bidirectional self-attention over the real source tokens),
+a :class:`Decoder` (causal self-attention, then cross-attention to the encoder
 output) and :class:`EncoderDecoder`, which joins them. Positions count from each
-row's first real token (:func:`positions_from_attention_mask`), so left-padded and
-right-padded batches give the same per-sequence results, and the decoder can
-take one token at a time with a :class:`~course_attn.layers.KVCache` per layer.
-
-:func:`block_gradient_norms` and :func:`decode_step_seconds` are the two
-measurements of the chapter (pre-norm vs post-norm gradients; cost per
-generated token with and without the cache).
+row's first real token (:func:`~course_attn.masks.positions_from_attention_mask`),
+so left-padded and right-padded batches give the same per-sequence results, and
+the decoder can take one token at a time with a
+:class:`~course_attn.decoding.KVCache` per layer. Each public ``forward`` checks
+its arguments once; the blocks inside run unchecked.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -24,26 +21,21 @@ from torch import Tensor
 
 from ._validation import (
     check_bool,
-    check_bool_mask,
     check_choice,
+    check_head_split,
     check_left_padding,
     check_nonnegative_int,
     check_positive_int,
     check_probability,
-    check_tensor,
-    values_checkable,
+    check_sequence,
+    check_token_ids,
+    check_token_mask,
 )
-from .layers import KVCache, PositionalEncoding, TransformerBlock, check_caches
+from .decoding import KVCache, check_caches, decode, new_caches, pick_next
+from .layers import PositionalEncoding, TransformerBlock
+from .masks import causal_mask, positions_from_attention_mask
 
-__all__ = [
-    "Decoder",
-    "Encoder",
-    "EncoderDecoder",
-    "EncoderDecoderConfig",
-    "block_gradient_norms",
-    "decode_step_seconds",
-    "positions_from_attention_mask",
-]
+__all__ = ["Decoder", "Encoder", "EncoderDecoder", "EncoderDecoderConfig"]
 
 
 @dataclass(frozen=True)
@@ -67,60 +59,25 @@ class EncoderDecoderConfig:
     max_len: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_layers",
-                     "max_len"):
+        for name in ("src_vocab_size", "tgt_vocab_size", "n_layers", "max_len"):
             check_positive_int(getattr(self, name), name)
+        check_head_split(self.d_model, self.n_heads)
         if self.d_ff is not None:
             check_positive_int(self.d_ff, "d_ff")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by "
-                             f"n_heads={self.n_heads}")
         check_probability(self.dropout, "dropout")
         check_bool(self.norm_first, "norm_first")
         check_choice(self.activation, "activation", ("gelu", "relu"))
 
 
-def positions_from_attention_mask(attention_mask: Tensor) -> Tensor:
-    """Position of every token counted over the real tokens of its row (Chapter 7).
-
-    ``attention_mask (B, T)`` bool, ``True`` on real tokens -> ``(B, T)`` long:
-    the first real token of each row is at position 0, the next real one at 1,
-    and so on, wherever the padding sits. Padding slots get the position of the
-    last real token before them (0 before the first one); they are masked anyway.
-    With left padding this is what makes a padded row see the same positional
-    encodings as the unpadded sequence would.
-    """
-    check_bool_mask(attention_mask, "attention_mask",
-                    attention_mask.shape if isinstance(attention_mask, Tensor) else ())
-    if attention_mask.dim() != 2:
-        raise ValueError(f"attention_mask must have shape (B, T), got "
-                         f"{tuple(attention_mask.shape)}")
-    positions = attention_mask.long().cumsum(dim=-1) - 1  # (B, T): index among real tokens
-    return positions.clamp(min=0)  # (B, T)
+def _check_config(config: object) -> EncoderDecoderConfig:
+    if not isinstance(config, EncoderDecoderConfig):
+        raise TypeError(f"config must be an EncoderDecoderConfig, got {type(config).__name__}")
+    return config
 
 
-def _check_tokens(tokens: object, name: str, vocab_size: int) -> Tensor:
-    """Token ids ``(B, T)`` of an integer dtype, each in ``[0, vocab_size)``."""
-    check_tensor(tokens, name, ndim=2, floating=False)
-    if tokens.dtype != torch.long:
-        raise TypeError(f"{name} must hold token ids as torch.long, got dtype {tokens.dtype}")
-    if tokens.shape[1] == 0:
-        raise ValueError(f"{name} must hold at least one token, got shape {tuple(tokens.shape)}")
-    if values_checkable(tokens) and tokens.numel() and (
-            int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise ValueError(f"{name} must hold ids in [0, {vocab_size}), got values in "
-                         f"[{int(tokens.min())}, {int(tokens.max())}]")
-    return tokens
-
-
-def _check_padding(mask: object, name: str, shape: tuple[int, int]) -> Tensor | None:
-    """A ``(B, T)`` boolean padding mask of exactly ``shape`` (or None)."""
-    if mask is None:
-        return None
-    check_bool_mask(mask, name, mask.shape if isinstance(mask, Tensor) else ())  # type, dtype
-    if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape (B, T)={tuple(shape)}, got {tuple(mask.shape)}")
-    return mask
+def _key_mask(attention_mask: Tensor | None, device: torch.device) -> Tensor | None:
+    """``(B, T_k)`` real-token mask -> ``(B, 1, 1, T_k)``, the same for every head and query."""
+    return None if attention_mask is None else attention_mask[:, None, None, :].to(device)
 
 
 class Encoder(nn.Module):
@@ -132,9 +89,7 @@ class Encoder(nn.Module):
 
     def __init__(self, config: EncoderDecoderConfig) -> None:
         super().__init__()
-        if not isinstance(config, EncoderDecoderConfig):
-            raise TypeError(f"config must be an EncoderDecoderConfig, got {type(config).__name__}")
-        self.config = c = config
+        self.config = c = _check_config(config)
         self.embed = nn.Embedding(c.src_vocab_size, c.d_model)
         self.pos = PositionalEncoding(c.d_model, c.max_len, dropout=c.dropout)
         self.blocks = nn.ModuleList(
@@ -145,12 +100,26 @@ class Encoder(nn.Module):
 
     def forward(self, src: Tensor, src_attention_mask: Tensor | None = None) -> Tensor:
         """``src (B, T_s)`` token ids -> ``memory (B, T_s, D)``."""
-        _check_tokens(src, "src", self.config.src_vocab_size)
-        mask = _check_padding(src_attention_mask, "src_attention_mask", tuple(src.shape))
-        positions = None if mask is None else positions_from_attention_mask(mask)  # (B, T_s)
-        x = self.pos(self.embed(src), positions)  # (B, T_s, D)
+        self._check_call(src, src_attention_mask)
+        return self._forward(src, src_attention_mask)
+
+    def _check_call(self, src: object, src_attention_mask: object) -> None:
+        src = check_token_ids(src, "src", self.config.src_vocab_size)
+        if src.shape[1] > self.config.max_len:
+            raise ValueError(f"src has {src.shape[1]} positions, more than "
+                             f"max_len={self.config.max_len}")
+        if src_attention_mask is not None:
+            check_token_mask(src_attention_mask, "src_attention_mask", src.shape)
+
+    def _forward(self, src: Tensor, src_attention_mask: Tensor | None) -> Tensor:
+        if src_attention_mask is None:
+            positions = torch.arange(src.shape[1], device=src.device)  # (T_s,)
+        else:
+            positions = positions_from_attention_mask(src_attention_mask.to(src.device))
+        mask = _key_mask(src_attention_mask, src.device)  # (B, 1, 1, T_s) or None
+        x = self.pos._forward(self.embed(src), positions)  # (B, T_s, D)
         for block in self.blocks:
-            x = block(x, attention_mask=mask)  # (B, T_s, D)
+            x, _ = block._forward(x, mask)  # (B, T_s, D)
         return self.norm(x)
 
 
@@ -165,9 +134,7 @@ class Decoder(nn.Module):
 
     def __init__(self, config: EncoderDecoderConfig) -> None:
         super().__init__()
-        if not isinstance(config, EncoderDecoderConfig):
-            raise TypeError(f"config must be an EncoderDecoderConfig, got {type(config).__name__}")
-        self.config = c = config
+        self.config = c = _check_config(config)
         self.embed = nn.Embedding(c.tgt_vocab_size, c.d_model)
         self.pos = PositionalEncoding(c.d_model, c.max_len, dropout=c.dropout)
         self.blocks = nn.ModuleList(
@@ -180,11 +147,7 @@ class Decoder(nn.Module):
 
     def new_caches(self) -> list[KVCache]:
         """One empty self-attention cache per layer."""
-        return [KVCache() for _ in self.blocks]
-
-    def _check_caches(self, caches: object) -> int:
-        """Validate ``caches``; return the number of cached positions ``T_cache``."""
-        return check_caches(caches, len(self.blocks))
+        return new_caches(len(self.blocks))
 
     def forward(self, tgt: Tensor, memory: Tensor, *, tgt_attention_mask: Tensor | None = None,
                 memory_attention_mask: Tensor | None = None,
@@ -196,32 +159,47 @@ class Decoder(nn.Module):
             memory: encoder output ``(B, T_s, D)``.
             tgt_attention_mask: ``(B, T_cache + T_new)`` bool, ``True`` on real
                 target tokens, covering the cached positions too.
-            memory_attention_mask: ``(B, T_s)`` bool, the encoder's padding mask.
+            memory_attention_mask: ``(B, T_s)`` bool, ``True`` on real source tokens.
             caches: one KVCache per layer; the new keys and values are appended.
         """
-        _check_tokens(tgt, "tgt", self.config.tgt_vocab_size)
-        check_tensor(memory, "memory", ndim=3)
-        if memory.shape[0] != tgt.shape[0] or memory.shape[2] != self.config.d_model:
-            raise ValueError(f"memory must have shape (B, T_s, D) with B={tgt.shape[0]} and "
-                             f"D={self.config.d_model}, got {tuple(memory.shape)}")
-        _check_padding(memory_attention_mask, "memory_attention_mask", tuple(memory.shape[:2]))
-        t_cache = 0 if caches is None else self._check_caches(caches)
-        batch, t_new = tgt.shape
-        mask = _check_padding(tgt_attention_mask, "tgt_attention_mask",
-                              (batch, t_cache + t_new))
-        if t_cache + t_new > self.config.max_len:
-            raise ValueError(f"the target would reach {t_cache + t_new} positions, more than "
-                             f"max_len={self.config.max_len}")
-        if mask is None:
-            positions = torch.arange(t_cache, t_cache + t_new, device=tgt.device)  # (T_new,)
-        else:
-            positions = positions_from_attention_mask(mask)[:, t_cache:]  # (B, T_new)
-        x = self.pos(self.embed(tgt), positions)  # (B, T_new, D)
+        self._check_call(tgt, memory, tgt_attention_mask, memory_attention_mask, caches)
+        return self._forward(tgt, memory, tgt_attention_mask, memory_attention_mask, caches)
+
+    def _forward(self, tgt: Tensor, memory: Tensor, tgt_attention_mask: Tensor | None,
+                 memory_attention_mask: Tensor | None,
+                 caches: list[KVCache] | None) -> Tensor:
+        past, time = (0 if caches is None else caches[0].length), tgt.shape[1]
+        positions = torch.arange(past, past + time, device=tgt.device)  # (T_new,)
+        mask = None  # plain causal self-attention: is_causal=True, no mask tensor
+        if tgt_attention_mask is not None or past:
+            mask = causal_mask(time, past + time, device=tgt.device)  # (T_new, past+T_new)
+        if tgt_attention_mask is not None:
+            tgt_attention_mask = tgt_attention_mask.to(tgt.device)
+            positions = positions_from_attention_mask(tgt_attention_mask)[:, past:]  # (B, T_new)
+            mask = mask & tgt_attention_mask[:, None, None, :]  # (B, 1, T_new, past+T_new)
+        memory_mask = _key_mask(memory_attention_mask, tgt.device)  # (B, 1, 1, T_s) or None
+        x = self.pos._forward(self.embed(tgt), positions)  # (B, T_new, D)
         for i, block in enumerate(self.blocks):
-            x = block(x, attention_mask=mask, is_causal=True, memory=memory,
-                      memory_attention_mask=memory_attention_mask,
-                      cache=None if caches is None else caches[i])  # (B, T_new, D)
+            x, _ = block._forward(x, mask, is_causal=mask is None, memory=memory,
+                                  memory_mask=memory_mask,
+                                  cache=None if caches is None else caches[i])  # (B, T_new, D)
         return self.lm_head(self.norm(x))  # (B, T_new, D) -> (B, T_new, V_tgt)
+
+    def _check_call(self, tgt: object, memory: object, tgt_attention_mask: object,
+                    memory_attention_mask: object, caches: object) -> None:
+        c = self.config
+        tgt = check_token_ids(tgt, "tgt", c.tgt_vocab_size)
+        memory = check_sequence(memory, "memory", width=c.d_model, batch=tgt.shape[0],
+                                dtype=self.lm_head.weight.dtype)
+        if memory_attention_mask is not None:
+            check_token_mask(memory_attention_mask, "memory_attention_mask", memory.shape[:2])
+        past = 0 if caches is None else check_caches(caches, len(self.blocks))
+        if tgt_attention_mask is not None:
+            check_token_mask(tgt_attention_mask, "tgt_attention_mask",
+                             (tgt.shape[0], past + tgt.shape[1]))
+        if past + tgt.shape[1] > c.max_len:
+            raise ValueError(f"the target would reach {past + tgt.shape[1]} positions, more "
+                             f"than max_len={c.max_len}")
 
 
 class EncoderDecoder(nn.Module):
@@ -229,15 +207,13 @@ class EncoderDecoder(nn.Module):
 
     ``forward(src (B, T_s), tgt (B, T_t), *, src_attention_mask, tgt_attention_mask)
     -> logits (B, T_t, V_tgt)``. The decoder's cross-attention masks exactly the
-    encoder's padded positions: its mask is the source padding mask ``(B, T_s)``,
+    encoder's padded positions: its mask is the source's real-token mask ``(B, T_s)``,
     broadcast over the ``T_t`` queries to ``(B, T_t, T_s)`` inside attention.
     """
 
     def __init__(self, config: EncoderDecoderConfig) -> None:
         super().__init__()
-        if not isinstance(config, EncoderDecoderConfig):
-            raise TypeError(f"config must be an EncoderDecoderConfig, got {type(config).__name__}")
-        self.config = config
+        self.config = _check_config(config)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
 
@@ -248,9 +224,10 @@ class EncoderDecoder(nn.Module):
     def forward(self, src: Tensor, tgt: Tensor, *, src_attention_mask: Tensor | None = None,
                 tgt_attention_mask: Tensor | None = None) -> Tensor:
         """``src (B, T_s)``, ``tgt (B, T_t)`` token ids -> logits ``(B, T_t, V_tgt)``."""
-        memory = self.encoder(src, src_attention_mask)  # (B, T_s, D)
-        return self.decoder(tgt, memory, tgt_attention_mask=tgt_attention_mask,
-                            memory_attention_mask=src_attention_mask)
+        self.encoder._check_call(src, src_attention_mask)
+        memory = self.encoder._forward(src, src_attention_mask)  # (B, T_s, D)
+        self.decoder._check_call(tgt, memory, tgt_attention_mask, src_attention_mask, None)
+        return self.decoder._forward(tgt, memory, tgt_attention_mask, src_attention_mask, None)
 
     @torch.no_grad()
     def greedy_decode(self, src: Tensor, prompt: Tensor, max_new_tokens: int, *,
@@ -265,123 +242,35 @@ class EncoderDecoder(nn.Module):
         tokens are appended on the right, so a right pad would sit between a
         prompt and its continuation. With ``use_cache`` each step feeds only the
         newest token and reuses the cached keys and values; without it every step
-        recomputes the whole target. Both give the same tokens.
+        recomputes the whole target. Both give the same tokens (the loop is
+        :func:`~course_attn.decoding.decode`, shared with ``MiniGPT.generate``).
         ``max_new_tokens=0`` returns the prompt.
         """
         n_new = check_nonnegative_int(max_new_tokens, "max_new_tokens")
         check_bool(use_cache, "use_cache")
-        _check_tokens(prompt, "prompt", self.config.tgt_vocab_size)
-        mask = _check_padding(prompt_attention_mask, "prompt_attention_mask",
-                              tuple(prompt.shape))
-        if mask is not None:
-            check_left_padding(mask, "prompt_attention_mask")
-        if mask is None:
-            mask = torch.ones(prompt.shape, dtype=torch.bool, device=prompt.device)
-        memory = self.encoder(src, src_attention_mask)  # (B, T_s, D)
-        caches = self.new_caches() if use_cache else None
-        tokens, step_input = prompt, prompt  # (B, T_p)
-        for _ in range(n_new):
-            logits = self.decoder(step_input, memory, tgt_attention_mask=mask,
-                                  memory_attention_mask=src_attention_mask,
-                                  caches=caches)  # (B, T_in, V_tgt)
-            next_token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
-            tokens = torch.cat([tokens, next_token], dim=1)  # (B, T + 1)
-            mask = torch.cat([mask, torch.ones_like(next_token, dtype=torch.bool)], dim=1)
-            step_input = next_token if use_cache else tokens
-        return tokens
+        self.encoder._check_call(src, src_attention_mask)
+        memory = self.encoder._forward(src, src_attention_mask)  # (B, T_s, D)
+        mask = self._check_prompt(prompt, memory, prompt_attention_mask, src_attention_mask,
+                                  n_new)
 
+        def step(tokens: Tensor, mask: Tensor, caches: list[KVCache] | None) -> Tensor:
+            return self.decoder._forward(tokens, memory, mask, src_attention_mask, caches)
 
-def block_gradient_norms(n_layers: int, *, norm_first: bool, d_model: int = 64, n_heads: int = 4,
-                         batch_size: int = 8, seq_len: int = 16, seed: int = 0) -> Tensor:
-    """Gradient norm of each block's weights in a fresh stack, at initialisation (Chapter 7).
+        return decode(step, prompt, mask, n_new, pick_next,
+                      n_layers=len(self.decoder.blocks) if use_cache else None)
 
-    Builds ``n_layers`` encoder :class:`TransformerBlock` s (PyTorch's default
-    initialisation; a final LayerNorm after a pre-norm stack), feeds random
-    inputs ``(batch_size, seq_len, d_model)``, takes the mean squared error to a
-    random target, back-propagates once and returns ``(n_layers,)``: the L2 norm of
-    the gradients of block ``l``'s attention and feed-forward parameters (block 0
-    is the one next to the input). LayerNorm gains and biases are left out: in a
-    post-norm stack the last block's norm is the output norm, whose gradient
-    comes straight from the loss and would make that one block look special.
-    The same ``seed`` gives the same weights and data for both norm placements.
-    """
-    n_layers = check_positive_int(n_layers, "n_layers")
-    check_bool(norm_first, "norm_first")
-    for name, value in (("d_model", d_model), ("n_heads", n_heads), ("batch_size", batch_size),
-                        ("seq_len", seq_len)):
-        check_positive_int(value, name)
-    check_nonnegative_int(seed, "seed", upper=2**64 - 1)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):  # do not disturb the caller's global RNG
-        torch.manual_seed(seed)
-        blocks = nn.ModuleList(TransformerBlock(d_model, n_heads, norm_first=norm_first)
-                               for _ in range(n_layers))
-    final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
-    x = torch.randn(batch_size, seq_len, d_model, generator=generator)  # (B, T, D)
-    target = torch.randn(batch_size, seq_len, d_model, generator=generator)  # (B, T, D)
-    for block in blocks:
-        x = block(x)  # (B, T, D)
-    loss = (final_norm(x) - target).pow(2).mean()
-    loss.backward()
-    norms = [torch.sqrt(sum(p.grad.pow(2).sum() for name, p in block.named_parameters()
-                            if not name.startswith("norm")))
-             for block in blocks]
-    return torch.stack(norms).detach()  # (n_layers,)
-
-
-def decode_step_seconds(model: EncoderDecoder, prefix_len: int, *, use_cache: bool,
-                        batch_size: int = 1, src_len: int = 16, repeats: int = 5,
-                        seed: int = 0) -> float:
-    """Wall-clock seconds to get the next token's logits after ``prefix_len`` tokens.
-
-    With ``use_cache`` the prefix is run once (not timed) to fill the caches,
-    and each timed step feeds one token ``(B, 1)`` against ``prefix_len`` cached
-    keys. Without it each timed step re-runs the decoder on all
-    ``prefix_len + 1`` tokens, which is what decoding costs without a cache.
-    The encoder output is computed once, outside the timing, in both cases.
-    Returns the fastest of ``repeats`` timed runs (after one warm-up run): the
-    minimum is the run least disturbed by other work on the machine.
-    """
-    if not isinstance(model, EncoderDecoder):
-        raise TypeError(f"model must be an EncoderDecoder, got {type(model).__name__}")
-    prefix_len = check_positive_int(prefix_len, "prefix_len")
-    check_bool(use_cache, "use_cache")
-    for name, value in (("batch_size", batch_size), ("src_len", src_len), ("repeats", repeats)):
-        check_positive_int(value, name)
-    check_nonnegative_int(seed, "seed", upper=2**64 - 1)
-    c = model.config
-    if prefix_len + 1 > c.max_len or src_len > c.max_len:
-        raise ValueError(f"prefix_len + 1={prefix_len + 1} and src_len={src_len} must not "
-                         f"exceed max_len={c.max_len}")
-    device = next(model.parameters()).device
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(c.src_vocab_size, (batch_size, src_len), generator=g).to(device)
-    tgt = torch.randint(c.tgt_vocab_size, (batch_size, prefix_len + 1), generator=g).to(device)
-    timings = []
-    with torch.no_grad():
-        memory = model.encoder(src)  # (B, T_s, D)
-        if use_cache:
-            filled = model.new_caches()
-            model.decoder(tgt[:, :-1], memory, caches=filled)  # fill: (B, prefix_len)
-        for _ in range(repeats + 1):  # the first run warms up and is dropped
-            if use_cache:
-                caches = []
-                for full in filled:  # a fresh view per step: update() never edits in place
-                    cache = KVCache()
-                    cache.k, cache.v = full.k, full.v
-                    caches.append(cache)
-                _sync(device)
-                start = time.perf_counter()
-                model.decoder(tgt[:, -1:], memory, caches=caches)  # (B, 1, V_tgt)
-            else:
-                _sync(device)
-                start = time.perf_counter()
-                model.decoder(tgt, memory)[:, -1]  # (B, V_tgt)
-            _sync(device)
-            timings.append(time.perf_counter() - start)
-    return min(timings[1:])
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    def _check_prompt(self, prompt: object, memory: Tensor, prompt_attention_mask: object,
+                      src_attention_mask: Tensor | None, n_new: int) -> Tensor:
+        """Check the prompt and its mask; return the mask of real tokens ``(B, T_p)``."""
+        prompt = check_token_ids(prompt, "prompt", self.config.tgt_vocab_size)
+        if prompt_attention_mask is not None:
+            check_token_mask(prompt_attention_mask, "prompt_attention_mask", prompt.shape)
+        self.decoder._check_call(prompt, memory, None, src_attention_mask, None)
+        if prompt.shape[1] + n_new - 1 > self.config.max_len:
+            raise ValueError(f"the target would reach {prompt.shape[1] + n_new - 1} positions, "
+                             f"more than max_len={self.config.max_len}")
+        if prompt_attention_mask is None:
+            return torch.ones(prompt.shape, dtype=torch.bool, device=prompt.device)
+        assert isinstance(prompt_attention_mask, Tensor)
+        return check_left_padding(prompt_attention_mask.to(prompt.device),
+                                  "prompt_attention_mask")

@@ -83,7 +83,7 @@ def environment_report() -> str:
     """One line per library version plus the device the chapter will use."""
     import matplotlib
 
-    from . import __version__
+    from ._version import __version__
 
     device = pick_device()
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else platform.machine()

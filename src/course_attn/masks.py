@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ._validation import (
+    check_bool,
     check_bool_mask,
     check_choice,
     check_device,
@@ -26,6 +27,7 @@ __all__ = [
     "causal_mask",
     "combine_masks",
     "padding_mask",
+    "positions_from_attention_mask",
     "to_additive_mask",
     "to_torch_mha_mask",
 ]
@@ -135,7 +137,7 @@ def combine_masks(
     t_q: int,
     t_k: int,
     *,
-    attn_mask: Tensor | None = None,
+    mask: Tensor | None = None,
     attention_mask: Tensor | None = None,
     is_causal: bool = False,
     device: torch.device | str | None = None,
@@ -144,10 +146,10 @@ def combine_masks(
 
     Args:
         t_q, t_k: query and key lengths.
-        attn_mask: bool ``(T_q, T_k)`` or ``(B, T_q, T_k)``, ``True`` = may attend.
-        attention_mask: bool ``(B, T_k)``, ``True`` on real keys.
+        mask: bool ``(T_q, T_k)`` or ``(B, T_q, T_k)``, ``True`` = may attend.
+        attention_mask: bool ``(B, T_k)``, ``True`` on real keys (``False`` on padding).
         is_causal: add ``causal_mask(t_q, t_k)`` (bottom-right aligned).
-            ``attn_mask`` and ``attention_mask`` must agree on ``B`` when both have it.
+            ``mask`` and ``attention_mask`` must agree on ``B`` when both have it.
         device: where the returned mask lives (the other masks are moved there);
             ``None`` means the device of the other masks, else the default device.
             Attention layers pass their queries' device, so no mask stays behind
@@ -159,38 +161,37 @@ def combine_masks(
     """
     t_q = check_positive_int(t_q, "t_q")
     t_k = check_positive_int(t_k, "t_k")
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__} {is_causal!r}")
-    for name, value in (("attn_mask", attn_mask), ("attention_mask", attention_mask)):
+    check_bool(is_causal, "is_causal")
+    for name, value in (("mask", mask), ("attention_mask", attention_mask)):
         if value is not None and not isinstance(value, Tensor):
             raise TypeError(f"{name} must be a boolean torch.Tensor or None, got "
                             f"{type(value).__name__}")
     device = check_device(device, "device")
-    if (attn_mask is not None and attention_mask is not None and attn_mask.dim() == 3
+    if (mask is not None and attention_mask is not None and mask.dim() == 3
             and attention_mask.dim() == 2
-            and 1 not in (attn_mask.shape[0], attention_mask.shape[0])
-            and attn_mask.shape[0] != attention_mask.shape[0]):
-        raise ValueError(f"attn_mask and attention_mask disagree on the batch size B: "
-                         f"attn_mask {tuple(attn_mask.shape)} has B={attn_mask.shape[0]}, "
+            and 1 not in (mask.shape[0], attention_mask.shape[0])
+            and mask.shape[0] != attention_mask.shape[0]):
+        raise ValueError(f"mask and attention_mask disagree on the batch size B: "
+                         f"mask {tuple(mask.shape)} has B={mask.shape[0]}, "
                          f"attention_mask {tuple(attention_mask.shape)} has "
                          f"B={attention_mask.shape[0]}")
     if device is None:
-        device = next((m.device for m in (attn_mask, attention_mask) if m is not None), None)
-    mask: Tensor | None = None
+        device = next((m.device for m in (mask, attention_mask) if m is not None), None)
+    combined: Tensor | None = None
     if is_causal:
-        mask = causal_mask(t_q, t_k, device=device)  # (T_q, T_k)
-    if attn_mask is not None:
-        if attn_mask.dim() not in (2, 3):
-            raise ValueError(f"attn_mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
-                             f"(B, T_q, T_k), got {tuple(attn_mask.shape)}")
-        check_bool_mask(attn_mask, "attn_mask", (*attn_mask.shape[:-2], t_q, t_k))
-        if attn_mask.shape[-2:] != (t_q, t_k):
-            raise ValueError(f"attn_mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
-                             f"(B, {t_q}, {t_k}), got {tuple(attn_mask.shape)}")
-        if attn_mask.dim() == 3:
-            attn_mask = attn_mask.unsqueeze(1)  # (B, T_q, T_k) -> (B, 1, T_q, T_k)
-        attn_mask = attn_mask.to(device)
-        mask = attn_mask if mask is None else mask & attn_mask
+        combined = causal_mask(t_q, t_k, device=device)  # (T_q, T_k)
+    if mask is not None:
+        if mask.dim() not in (2, 3):
+            raise ValueError(f"mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
+                             f"(B, T_q, T_k), got {tuple(mask.shape)}")
+        check_bool_mask(mask, "mask", (*mask.shape[:-2], t_q, t_k))
+        if mask.shape[-2:] != (t_q, t_k):
+            raise ValueError(f"mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
+                             f"(B, {t_q}, {t_k}), got {tuple(mask.shape)}")
+        if mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # (B, T_q, T_k) -> (B, 1, T_q, T_k)
+        mask = mask.to(device)
+        combined = mask if combined is None else combined & mask
     if attention_mask is not None:
         if attention_mask.dim() != 2:
             raise ValueError(f"attention_mask must have shape (B, T_k) with T_k={t_k}, "
@@ -200,5 +201,24 @@ def combine_masks(
             raise ValueError(f"attention_mask must have shape (B, T_k) with T_k={t_k}, "
                              f"got {tuple(attention_mask.shape)}")
         kpm = attention_mask[:, None, None, :].to(device)  # (B, T_k) -> (B, 1, 1, T_k)
-        mask = kpm if mask is None else mask & kpm
-    return mask
+        combined = kpm if combined is None else combined & kpm
+    return combined
+
+
+def positions_from_attention_mask(attention_mask: Tensor) -> Tensor:
+    """Position of every token counted over the real tokens of its row (Chapter 7).
+
+    ``attention_mask (B, T)`` bool, ``True`` on real tokens -> ``(B, T)`` long:
+    the first real token of each row is at position 0, the next real one at 1,
+    and so on, wherever the padding sits. Padding slots get the position of the
+    last real token before them (0 before the first one); they are masked anyway.
+    With left padding this is what makes a padded row see the same positional
+    encodings as the unpadded sequence would.
+    """
+    check_bool_mask(attention_mask, "attention_mask",
+                    attention_mask.shape if isinstance(attention_mask, Tensor) else ())
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must have shape (B, T), got "
+                         f"{tuple(attention_mask.shape)}")
+    positions = attention_mask.long().cumsum(dim=-1) - 1  # (B, T): index among real tokens
+    return positions.clamp(min=0)  # (B, T)

@@ -110,7 +110,7 @@ class SelfAttention(nn.Module):
 
     def forward(
         self, x: Tensor, *, mask: Tensor | None = None, need_weights: bool = False
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor | None]:
         """Attend from every token of ``x`` to every token of ``x``.
 
         Args:
@@ -120,9 +120,10 @@ class SelfAttention(nn.Module):
             need_weights: also return the attention weights.
 
         Returns:
-            ``out (B, T, d_out)``, or ``(out, attn_weights (B, T, T))`` when
-            ``need_weights`` is true. Values are never scanned: a NaN in ``x``
-            reaches the outputs that attend to it (see ``course_attn._validation``).
+            ``(out (B, T, d_out), attn_weights)``, like every attention module
+            here: ``attn_weights (B, T, T)`` when ``need_weights`` is true, else
+            ``None``. Values are never scanned: a NaN in ``x`` reaches the outputs
+            that attend to it (see ``course_attn._validation``).
         """
         check_tensor(x, "x", ndim=3)
         check_bool(need_weights, "need_weights")
@@ -137,7 +138,7 @@ class SelfAttention(nn.Module):
         v = self.v_proj(x)  # (B, T, d_out)
         # scale=None: 1/sqrt(d_k) with d_k = q.shape[-1] = d_out.
         out, attn_weights = scaled_dot_product_attention(q, k, v, mask)  # (B, T, d_out)
-        return (out, attn_weights) if need_weights else out
+        return out, attn_weights if need_weights else None
 
     def extra_repr(self) -> str:
         return f"d_in={self.d_in}, d_out={self.d_out}, qkv_bias={self.q_proj.bias is not None}"

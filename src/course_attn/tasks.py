@@ -19,8 +19,7 @@ from torch import Tensor
 from ._validation import check_choice, check_device, check_positive_int
 from .data import _check_generator, _check_split, to_device
 
-__all__ = ["TASKS", "CopyTask", "RecallTask", "induction_attention_score", "make_task",
-           "offset_attention_score"]
+__all__ = ["TASKS", "CopyTask", "RecallTask", "make_task"]
 
 
 class _NextTokenTask:
@@ -122,51 +121,6 @@ class CopyTask(_NextTokenTask):
             self.vocab_size, (batch_size, self.half_length), generator=generator
         )  # (B, n)
         return torch.cat([first, first], dim=1)  # (B, 2n)
-
-def _check_weights(attn_weights: object, min_ndim: int, shape: str) -> None:
-    if not isinstance(attn_weights, Tensor):
-        raise TypeError(f"attn_weights must be a tensor {shape}, got "
-                        f"{type(attn_weights).__name__}")
-    if not attn_weights.is_floating_point():
-        raise TypeError(f"attn_weights must be a floating-point tensor (attention weights), "
-                        f"got dtype {attn_weights.dtype}")
-    if attn_weights.dim() < min_ndim:
-        raise ValueError(f"attn_weights must be a tensor {shape}, got shape "
-                         f"{tuple(attn_weights.shape)}")
-
-
-def offset_attention_score(
-    attn_weights: Tensor, offset: int, *, first_query: int | None = None
-) -> Tensor:
-    """Mean attention weight a query puts on the key ``offset`` positions back.
-
-    ``attn_weights (..., T, T)`` -> ``(...)``: the mean over queries
-    ``t >= first_query`` (default ``offset``) of ``attn_weights[..., t, t - offset]``.
-    ``offset=1`` scores a *previous-token head*. On the copy task, the token
-    after the earlier copy of query ``t``'s token sits ``n - 1`` positions back
-    (:attr:`CopyTask.copy_offset`), so that offset scores the head that does
-    the copying (the pattern of an *induction head*). A score near 1 means the
-    head looks almost only there.
-    """
-    _check_weights(attn_weights, 2, "(..., T, T)")
-    time = attn_weights.shape[-1]
-    if attn_weights.shape[-2] != time:
-        raise ValueError(f"attn_weights must be square (..., T, T), got "
-                         f"{tuple(attn_weights.shape)}")
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise TypeError(f"offset must be an int in [0, T={time}), got {offset!r}")
-    if not 0 <= offset < time:
-        raise ValueError(f"offset must be an int in [0, T={time}), got {offset!r}")
-    first = offset if first_query is None else first_query
-    if isinstance(first, bool) or not isinstance(first, int):
-        raise TypeError(f"first_query must be an int or None, got {first_query!r}")
-    if not offset <= first < time:
-        raise ValueError(f"first_query must be an int in [offset={offset}, T={time}), "
-                         f"got {first_query!r}")
-    queries = torch.arange(first, time, device=attn_weights.device)  # (Q,)
-    picked = attn_weights[..., queries, queries - offset]  # (..., Q)
-    return picked.mean(dim=-1)
-
 
 @dataclass(frozen=True)
 class RecallTask(_NextTokenTask):
@@ -287,79 +241,6 @@ class RecallTask(_NextTokenTask):
                               generator=generator) + self.n_keys  # (B, K): each key's value
         values = table.gather(1, keys)  # (B, P)
         return torch.stack([keys, values], dim=2).reshape(batch_size, 2 * self.n_pairs)
-
-def _query_mask(queries: object, batch: int, time: int, device: torch.device) -> Tensor:
-    """``queries`` (None, positions ``(Q,)`` or a boolean ``(T,)`` / ``(B, T)``) -> ``(B, T)``."""
-    if queries is None:
-        return torch.ones(batch, time, dtype=torch.bool, device=device)
-    if not isinstance(queries, Tensor):
-        raise TypeError(f"queries must be None, a tensor of query positions (Q,) or a boolean "
-                        f"mask (T,) or (B, T), got {type(queries).__name__}")
-    if queries.dtype == torch.bool:
-        if tuple(queries.shape) not in ((time,), (batch, time)):
-            raise ValueError(f"queries as a boolean mask must have shape (T={time},) or "
-                             f"(B={batch}, T={time}), got {tuple(queries.shape)}")
-        return queries.to(device).expand(batch, time)
-    if queries.is_floating_point() or queries.is_complex() or queries.dim() != 1:
-        raise TypeError(f"queries must be a 1-D tensor of integer positions (Q,) or a boolean "
-                        f"mask, got dtype {queries.dtype} and shape {tuple(queries.shape)}")
-    if queries.numel() and not (0 <= int(queries.min()) and int(queries.max()) < time):
-        raise ValueError(f"queries must hold positions in [0, T={time}), got "
-                         f"{queries.min().item()} .. {queries.max().item()}")
-    mask = torch.zeros(time, dtype=torch.bool, device=device)
-    mask[queries.to(device)] = True
-    return mask.expand(batch, time)
-
-
-def induction_attention_score(
-    attn_weights: Tensor, tokens: Tensor, *, queries: Tensor | None = None
-) -> Tensor:
-    """Mean weight a query puts on the tokens that followed earlier copies of its own token.
-
-    ``attn_weights (..., B, H, T, T)`` (or ``(B, T, T)``) and ``tokens (B, T)``
-    -> ``(..., H)`` (or a scalar). For every scored query ``t`` whose token
-    occurred before, at some ``j`` with ``j + 1 < t``, the weight on the keys
-    ``j + 1`` is summed; the score is the mean over those queries and the
-    batch. Queries with no earlier copy are left out.
-
-    ``queries`` limits the scoring to the queries where "the token after the
-    earlier copy" is the right thing to look at: positions ``(Q,)`` such as
-    :attr:`RecallTask.key_positions`, or a boolean mask ``(T,)`` or ``(B, T)``
-    (``True`` = scored). Default: every query. A head that always attends to
-    the token after the earlier copy scores 1, but only if that is the right
-    rule for every scored query: in :class:`RecallTask` a repeated *value*
-    (two keys that drew the same value) has an earlier copy too, yet the next
-    token is the next key, not what followed that copy. Scored over all
-    queries, a perfect recall head scores only about 0.5 there; pass
-    ``queries=task.key_positions`` (Chapter 8).
-    """
-    if not isinstance(tokens, Tensor):
-        raise TypeError(f"tokens must be a tensor (B, T) of token ids, got "
-                        f"{type(tokens).__name__}")
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
-    if tokens.dim() != 2:
-        raise ValueError(f"tokens must be a tensor (B, T), got shape {tuple(tokens.shape)}")
-    batch, time = tokens.shape
-    _check_weights(attn_weights, 3, "(..., B, H, T, T) or (B, T, T)")
-    squeeze = attn_weights.dim() == 3
-    weights = attn_weights.unsqueeze(-3) if squeeze else attn_weights  # (..., B, H, T, T)
-    if tuple(weights.shape[-2:]) != (time, time) or weights.shape[-4] != batch:
-        raise ValueError(f"attn_weights must end in (B={batch}, H, T={time}, T={time}) to "
-                         f"match tokens, got {tuple(attn_weights.shape)}")
-    scored = _query_mask(queries, batch, time, tokens.device)  # (B, T)
-    same = tokens[:, :, None] == tokens[:, None, :]  # (B, T, T): query t, earlier j
-    earlier = torch.ones(time, time, dtype=torch.bool, device=tokens.device).tril(-2)
-    target = torch.zeros(batch, time, time, device=weights.device)  # (B, T, T): keys j + 1
-    target[:, :, 1:] = (same & earlier)[:, :, :-1].to(weights.device, torch.float32)
-    has_copy = (target.sum(dim=-1) > 0) & scored.to(weights.device)  # (B, T)
-    if not has_copy.any():
-        raise ValueError("tokens has no scored query whose token occurred earlier: nothing "
-                         "to score")
-    picked = (weights.float() * target[:, None]).sum(dim=-1)  # (..., B, H, T)
-    score = (picked * has_copy[:, None]).sum(dim=(-3, -1)) / has_copy.sum()  # (..., H)
-    return score.squeeze(-1) if squeeze else score
-
 
 Task = CopyTask | RecallTask
 
