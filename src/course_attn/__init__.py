@@ -4,6 +4,7 @@ Each public name states in its docstring the chapter that derives it.
 """
 
 from . import diagrams
+from .alibi import alibi_attention, alibi_bias, alibi_slopes
 from .attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
 from .data import (
     CharCorpus,
@@ -23,6 +24,9 @@ from .encoder_decoder import (
     positions_from_padding_mask,
 )
 from .env import environment_report, pick_device, seed_everything
+from .gqa import check_kv_heads, grouped_query_attention, repeat_kv
+from .kv_memory import KV_CACHE_KINDS, kv_cache_bytes
+from .latent import LatentKVCache, MultiHeadLatentAttention
 from .layers import (
     FeedForward,
     KVCache,
@@ -33,9 +37,17 @@ from .layers import (
     sinusoidal_table,
     split_heads,
 )
+from .linear_attention import (
+    LinearAttentionState,
+    elu_feature_map,
+    linear_attention,
+    linear_attention_recurrent,
+)
 from .masks import causal_mask, combine_masks, padding_mask, to_additive_mask, to_torch_mha_mask
 from .model import GPTConfig, MiniGPT
+from .rope import apply_rope, apply_rotary, rope_cos_sin, sinusoid_angles
 from .self_attention import SelfAttention, simple_self_attention
+from .sliding_window import RollingKVCache, sliding_window_attention, sliding_window_mask
 from .softmax import attention_pool, softmax
 from .tasks import CopyTask, RecallTask, induction_attention_score, offset_attention_score
 
@@ -89,6 +101,28 @@ __all__ = [
     "seed_everything",
     "simple_self_attention",
     "softmax",
+    # issue 14, modern attention
+    "KV_CACHE_KINDS",
+    "LatentKVCache",
+    "LinearAttentionState",
+    "MultiHeadLatentAttention",
+    "RollingKVCache",
+    "alibi_attention",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rope",
+    "apply_rotary",
+    "check_kv_heads",
+    "elu_feature_map",
+    "grouped_query_attention",
+    "kv_cache_bytes",
+    "linear_attention",
+    "linear_attention_recurrent",
+    "repeat_kv",
+    "rope_cos_sin",
+    "sinusoid_angles",
+    "sliding_window_attention",
+    "sliding_window_mask",
 ]
 
 
