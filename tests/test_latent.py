@@ -189,7 +189,12 @@ def test_bad_inputs_are_refused_naming_the_argument():
         mla(d_rope=4)(x, positions=torch.arange(9.0))
     with pytest.raises(ValueError, match="key_padding_mask must have shape"):
         layer(x, key_padding_mask=torch.ones(3, 9, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attn_mask must have shape"):
+        layer(x, attn_mask=torch.ones(3, 9, 9, dtype=torch.bool))
     cache = LatentKVCache()
+    with pytest.raises(ValueError, match="attn_mask must have shape"):
+        layer(x, attn_mask=torch.ones(3, 9, 9, dtype=torch.bool), cache=cache)
+    assert cache.length == 0  # refused before the cache was touched
     cache.update(torch.randn(2, 3, L))
     with pytest.raises(ValueError, match="d_latent"):
         cache.update(torch.randn(2, 1, L + 1))

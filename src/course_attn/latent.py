@@ -237,6 +237,11 @@ class MultiHeadLatentAttention(nn.Module):
         if isinstance(key_padding_mask, Tensor) and key_padding_mask.shape[:1] != (batch,):
             raise ValueError(f"key_padding_mask must have shape (B, T_k) with B={batch}, got "
                              f"{tuple(key_padding_mask.shape)}")
+        if (isinstance(attn_mask, Tensor) and attn_mask.dim() == 3
+                and attn_mask.shape[0] not in (1, batch)):
+            raise ValueError(f"attn_mask must have shape (T_q, T_k) or (B, T_q, T_k) with "
+                             f"B={batch}, got {tuple(attn_mask.shape)}")
+        # Every check before any work: a bad argument must not leave the cache half-updated.
         mask = combine_masks(time, past + time, attn_mask=attn_mask,
                              key_padding_mask=key_padding_mask, device=x.device)
 
