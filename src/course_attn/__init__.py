@@ -5,6 +5,7 @@ Each public name states in its docstring the chapter that derives it.
 
 from . import diagrams
 from ._version import __version__
+from .alibi import alibi_attention, alibi_bias, alibi_slopes
 from .analysis import induction_attention_score, offset_attention_score
 from .attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
 from .data import (
@@ -18,6 +19,9 @@ from .data import (
 from .decoding import KVCache, new_caches
 from .encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
 from .env import environment_report, pick_device, seed_everything
+from .gqa import check_kv_heads, grouped_query_attention, repeat_kv
+from .kv_memory import KV_CACHE_KINDS, kv_cache_bytes
+from .latent import LatentKVCache, MultiHeadLatentAttention
 from .layers import (
     FeedForward,
     MultiHeadAttention,
@@ -26,6 +30,12 @@ from .layers import (
     merge_heads,
     sinusoidal_table,
     split_heads,
+)
+from .linear_attention import (
+    LinearAttentionState,
+    elu_feature_map,
+    linear_attention,
+    linear_attention_recurrent,
 )
 from .masks import (
     causal_mask,
@@ -37,7 +47,9 @@ from .masks import (
 )
 from .measure import block_gradient_norms, decode_step_seconds
 from .model import GPTConfig, MiniGPT
+from .rope import apply_rope, apply_rotary, rope_cos_sin, sinusoid_angles
 from .self_attention import SelfAttention, simple_self_attention
+from .sliding_window import RollingKVCache, sliding_window_attention, sliding_window_mask
 from .softmax import attention_pool, softmax
 from .tasks import CopyTask, RecallTask
 
@@ -90,6 +102,28 @@ __all__ = [
     "seed_everything",
     "simple_self_attention",
     "softmax",
+    # issue 14, modern attention
+    "KV_CACHE_KINDS",
+    "LatentKVCache",
+    "LinearAttentionState",
+    "MultiHeadLatentAttention",
+    "RollingKVCache",
+    "alibi_attention",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rope",
+    "apply_rotary",
+    "check_kv_heads",
+    "elu_feature_map",
+    "grouped_query_attention",
+    "kv_cache_bytes",
+    "linear_attention",
+    "linear_attention_recurrent",
+    "repeat_kv",
+    "rope_cos_sin",
+    "sinusoid_angles",
+    "sliding_window_attention",
+    "sliding_window_mask",
 ]
 
 
