@@ -271,11 +271,15 @@ def test_cli_task_reports_the_floor(tmp_path, task):
     ("args", "message"),
     [
         (["--data", "no/such/file.txt"], "not an existing file"),
-        (["--lr", "-1"], "positive number"),
-        (["--max-iters", "0"], "positive integer"),
-        (["--dropout", "1.5"], "[0, 1)"),
+        # A value is judged by GPTConfig's or TrainConfig's own check, naming the flag.
+        (["--lr", "-1"], "argument --lr: lr must be a positive finite number, got -1.0"),
+        (["--max-iters", "0"], "argument --max-iters: max_iters must be a positive int, got 0"),
+        (["--max-iters", "2.5"], "argument --max-iters: invalid int value: '2.5'"),
+        (["--dropout", "1.5"], "argument --dropout: dropout must be in [0, 1)"),
         (["--preset", "tpu"], "invalid choice"),
-        (["--n-heads", "3"], "divisible"),
+        (["--impl", "flash"], "invalid choice: 'flash' (choose from 'manual', 'sdpa')"),
+        (["--n-heads", "3"], "argument --n-heads/--d-model: d_model=128 must be divisible"),
+        (["--samples", "-1"], "argument --samples: expected an integer >= 0, got -1"),
         (["--resume", "missing.pt"], "not an existing file"),
         (["--metrics-out", "no/such/dir/m.json"], "does not exist"),
         (["--task", "copy", "--block-size", "8"], "fixes it"),
@@ -293,10 +297,10 @@ def test_cli_bad_input_exits_with_code_2(args, message, corpus_file, capsys):
 
 
 def test_cli_gpu_preset_without_a_gpu_stops_before_training(monkeypatch, capsys):
-    import course_attn.train as trainer
+    import course_attn.cli as cli
 
-    monkeypatch.setattr(trainer, "pick_device", lambda preferred=None: torch.device("cpu"))
-    monkeypatch.setattr(trainer, "train", lambda *a, **k: pytest.fail("training started"))
+    monkeypatch.setattr(cli, "pick_device", lambda preferred=None: torch.device("cpu"))
+    monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("training started"))
     with pytest.raises(SystemExit) as exit_info:
         main(["--task", "copy", "--preset", "gpu"])
     assert exit_info.value.code == 2

@@ -17,6 +17,7 @@ import tempfile
 import pytest
 import torch
 
+import course_attn.cli as cli
 import course_attn.train as trainer
 from course_attn.model import GPTConfig, MiniGPT
 from course_attn.tasks import CopyTask
@@ -78,7 +79,7 @@ def exits_with_2(args, capsys) -> str:
 @pytest.fixture()
 def no_training(monkeypatch):
     """Make any start of training fail the test: the error must come before it."""
-    monkeypatch.setattr(trainer, "train", lambda *a, **k: pytest.fail("training started"))
+    monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("training started"))
 
 
 # ------------------------------------------------------- 1. overwriting files
