@@ -54,9 +54,10 @@ OLD_NAMES: dict[str, dict[str, str]] = {
 
 
 def _renamed(key: object, old_prefixes: dict[str, str]) -> object:
-    for old, new in old_prefixes.items():
-        if isinstance(key, str) and key.startswith(old):
-            return new + key.removeprefix(old)
+    if isinstance(key, str):
+        for old, new in old_prefixes.items():
+            if key.startswith(old):
+                return new + key.removeprefix(old)
     return key
 
 
@@ -222,9 +223,11 @@ def training_state(*, model: MiniGPT, train_config: dict[str, Any],
                    generator: torch.Generator, device: torch.device, iteration: int,
                    history: dict[str, list[float] | list[int]], meta: dict[str, Any]
                    ) -> dict[str, Any]:
-    """The checkpoint of a run after ``iteration`` iterations (read by
-    :func:`restore_training_state`). ``generator`` draws the batches; the
-    global torch (and, on CUDA, the GPU's) random states draw dropout."""
+    """The checkpoint of a run after ``iteration`` iterations, for :func:`restore_training_state`.
+
+    ``generator`` draws the batches; the global torch random state (and, on
+    CUDA, the GPU's) draws dropout: all three are saved.
+    """
     return {
         "format": CHECKPOINT_FORMAT,
         "model_config": dataclasses.asdict(model.config),

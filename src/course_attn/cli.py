@@ -140,8 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _checked(parser: argparse.ArgumentParser, config: type[Config], **values: Any) -> Config:
-    """``config(**values)``; its own checks' error becomes a command-line error (exit code 2)
-    that names the flags of the fields it mentions."""
+    """``config(**values)``, its own checks' error made a command-line error (exit code 2).
+
+    The message is the dataclass's, after the flags of the fields it names.
+    """
     try:
         return config(**values)
     except (TypeError, ValueError) as error:
