@@ -207,6 +207,45 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
     assert len(set(full.train_losses)) > 1
 
 
+def written_before_the_renames(checkpoint: dict) -> dict:
+    """``checkpoint`` as the trainer wrote it before issue 17 renamed the model's names:
+    ``n_layer``/``n_head`` in its config, ``tok_emb``/``pos_emb``/``ln_f`` in its weights."""
+    config_keys = {"n_layers": "n_layer", "n_heads": "n_head"}
+    prefixes = {"embed.": "tok_emb.", "pos.": "pos_emb.", "norm.": "ln_f."}
+
+    def old_name(key: str) -> str:
+        return next((old + key.removeprefix(new) for new, old in prefixes.items()
+                     if key.startswith(new)), key)
+
+    return {**checkpoint,
+            "model_config": {config_keys.get(k, k): v for k, v in
+                             checkpoint["model_config"].items()},
+            "model": {old_name(k): v for k, v in checkpoint["model"].items()}}
+
+
+def test_a_checkpoint_from_before_the_renames_loads_and_resumes_exactly(tmp_path):
+    options = dict(max_iters=8, lr_decay_iters=8, eval_interval=4)
+    full = train(tiny_model(0.1), TASK, quick(**options))
+    path = tmp_path / "old.pt"
+    train(tiny_model(0.1), TASK, quick(**{**options, "max_iters": 4}), checkpoint_path=path)
+    today = torch.load(path, weights_only=True)
+    old = written_before_the_renames(today)
+    assert {"n_layer", "n_head"} <= set(old["model_config"]) and "n_layers" not in old[
+        "model_config"]
+    assert {"tok_emb.weight", "pos_emb.weight", "ln_f.weight", "ln_f.bias"} <= set(old["model"])
+    torch.save(old, path)
+    model, _ = model_from_checkpoint(path)
+    torch.testing.assert_close(model.state_dict(), today["model"], rtol=0, atol=0)
+    assert model_from_checkpoint(old)[0].config == model.config
+    assert "tok_emb.weight" in old["model"]  # the caller's dict is left as it was
+    resumed = train(tiny_model(0.1), TASK, quick(**options), resume_from=path,
+                    checkpoint_path=path)
+    assert resumed.train_losses == full.train_losses  # exact, as from a new checkpoint
+    assert resumed.eval_val_losses == full.eval_val_losses
+    rewritten = load_checkpoint(path)  # the resumed run writes today's names
+    assert rewritten["model_config"]["n_layers"] == 1 and "embed.weight" in rewritten["model"]
+
+
 def test_resume_refuses_another_model(tmp_path):
     path = tmp_path / "ckpt.pt"
     train(tiny_model(), TASK, quick(max_iters=3), checkpoint_path=path)
@@ -271,11 +310,15 @@ def test_cli_task_reports_the_floor(tmp_path, task):
     ("args", "message"),
     [
         (["--data", "no/such/file.txt"], "not an existing file"),
-        (["--lr", "-1"], "positive number"),
-        (["--max-iters", "0"], "positive integer"),
-        (["--dropout", "1.5"], "[0, 1)"),
+        # A value is judged by GPTConfig's or TrainConfig's own check, naming the flag.
+        (["--lr", "-1"], "argument --lr: lr must be a positive finite number, got -1.0"),
+        (["--max-iters", "0"], "argument --max-iters: max_iters must be a positive int, got 0"),
+        (["--max-iters", "2.5"], "argument --max-iters: invalid int value: '2.5'"),
+        (["--dropout", "1.5"], "argument --dropout: dropout must be in [0, 1)"),
         (["--preset", "tpu"], "invalid choice"),
-        (["--n-heads", "3"], "divisible"),
+        (["--impl", "flash"], "invalid choice: 'flash' (choose from 'manual', 'sdpa')"),
+        (["--n-heads", "3"], "argument --n-heads/--d-model: d_model=128 must be divisible"),
+        (["--samples", "-1"], "argument --samples: expected an integer >= 0, got -1"),
         (["--resume", "missing.pt"], "not an existing file"),
         (["--metrics-out", "no/such/dir/m.json"], "does not exist"),
         (["--task", "copy", "--block-size", "8"], "fixes it"),
@@ -293,10 +336,10 @@ def test_cli_bad_input_exits_with_code_2(args, message, corpus_file, capsys):
 
 
 def test_cli_gpu_preset_without_a_gpu_stops_before_training(monkeypatch, capsys):
-    import course_attn.train as trainer
+    import course_attn.cli as cli
 
-    monkeypatch.setattr(trainer, "pick_device", lambda preferred=None: torch.device("cpu"))
-    monkeypatch.setattr(trainer, "train", lambda *a, **k: pytest.fail("training started"))
+    monkeypatch.setattr(cli, "pick_device", lambda preferred=None: torch.device("cpu"))
+    monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("training started"))
     with pytest.raises(SystemExit) as exit_info:
         main(["--task", "copy", "--preset", "gpu"])
     assert exit_info.value.code == 2

@@ -1,4 +1,4 @@
-"""Every public name of train.py, data.py and tasks.py, given a wrong type and a wrong value.
+"""Every public name of the trainer's modules, data.py and tasks.py, given a wrong type and value.
 
 The design promises a ``TypeError`` (wrong type) or ``ValueError`` (wrong
 value) that names the argument, never a raw torch error. The table below has
@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from course_attn import analysis, data, tasks
+from course_attn import analysis, checkpoint, cli, data, hardware, presets, resume, tasks
 from course_attn import train as trainer
 from course_attn.model import GPTConfig, MiniGPT
 
@@ -138,15 +138,23 @@ CASES: dict[str, Case] = {
 
 #: Public names that are not called: constants, and an interface that is never built.
 NOT_CALLED = {"GPU_PEAK_FLOPS", "PRESETS", "BatchSource", "DEFAULT_CORPUS_MODULES",
-              "TINY_SHAKESPEARE_SHA256", "TINY_SHAKESPEARE_URL", "TASKS"}
+              "TINY_SHAKESPEARE_SHA256", "TINY_SHAKESPEARE_URL", "TASKS", "CHECKPOINT_FORMAT",
+              "RESUME_MAY_CHANGE"}
+#: Public callables that take no arguments, so none can be wrong.
+NO_ARGUMENTS = {"build_parser"}
+#: train.py and the modules it was split into (their public names are re-exported by it).
+TRAINER_MODULES = (trainer, checkpoint, cli, hardware, presets, resume)
 
 
 def public_callables() -> set[str]:
-    """Every callable in the three modules' ``__all__``, and their classes' public methods."""
+    """Every callable in the modules' ``__all__``, and their classes' public methods."""
     names = set()
-    for module in (trainer, data, tasks, analysis):
+    for module in (*TRAINER_MODULES, data, tasks, analysis):
         for name in module.__all__:
             value = getattr(module, name)
+            if name in NO_ARGUMENTS:
+                assert not inspect.signature(value).parameters, name
+                continue
             if name in NOT_CALLED:
                 assert not callable(value) or inspect.isclass(value), name
                 continue
@@ -188,6 +196,14 @@ def test_a_wrong_value_is_a_value_error_that_names_the_argument(name, tmp_path):
         call(tmp_path)
     assert argument in str(info.value), str(info.value)
     assert not isinstance(info.value, TypeError)
+
+
+def test_train_re_exports_the_public_names_of_the_modules_split_from_it():
+    for module in TRAINER_MODULES:
+        for name in module.__all__:
+            if name not in NO_ARGUMENTS | {"CHECKPOINT_FORMAT", "RESUME_MAY_CHANGE"}:
+                assert name in trainer.__all__, (module.__name__, name)
+            assert getattr(trainer, name) is getattr(module, name), (module.__name__, name)
 
 
 def test_main_wrong_values_exit_with_2_naming_the_flag(capsys):

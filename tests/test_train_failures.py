@@ -17,6 +17,7 @@ import tempfile
 import pytest
 import torch
 
+import course_attn.cli as cli
 import course_attn.train as trainer
 from course_attn.model import GPTConfig, MiniGPT
 from course_attn.tasks import CopyTask
@@ -78,7 +79,7 @@ def exits_with_2(args, capsys) -> str:
 @pytest.fixture()
 def no_training(monkeypatch):
     """Make any start of training fail the test: the error must come before it."""
-    monkeypatch.setattr(trainer, "train", lambda *a, **k: pytest.fail("training started"))
+    monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("training started"))
 
 
 # ------------------------------------------------------- 1. overwriting files
@@ -438,11 +439,15 @@ def test_seeds_must_fit_a_signed_64_bit_int(corpus_file, capsys, no_training):
     for seed in (2**63, 2**64, -1):
         with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*63 - 1\]"):
             TrainConfig(seed=seed)
-    with pytest.raises(TypeError, match="seed"):
-        TrainConfig(seed=1.0)  # type: ignore[arg-type]
+    for seed in (1.0, "7", True, None):  # a wrong type is a TypeError, not a ValueError
+        with pytest.raises(TypeError, match="seed must be an int"):
+            TrainConfig(seed=seed)  # type: ignore[arg-type]
     for seed in ("18446744073709551616", "9223372036854775808", "-1"):
         err = exits_with_2(["--data", str(corpus_file), *TINY, "--seed", seed], capsys)
-        assert "--seed" in err and "2**63 - 1" in err
+        assert "argument --seed: seed must be an int in [0, 2**63 - 1]" in err
+    for seed in ("seven", "1.5", "1e3"):
+        err = exits_with_2(["--data", str(corpus_file), *TINY, "--seed", seed], capsys)
+        assert f"argument --seed: invalid int value: {seed!r}" in err
 
 
 def test_the_largest_seed_trains():

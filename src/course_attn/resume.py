@@ -1,0 +1,116 @@
+"""Resuming a training run (chapter 8): a resumed run must be the same run.
+
+:func:`check_resume` compares a checkpoint with the run that would continue
+it and names every difference: another model, other settings beyond those in
+:data:`RESUME_MAY_CHANGE`, another learning-rate schedule, other data. Only
+then does :func:`~course_attn.train.train` put the checkpoint's state back,
+so that the resumed run repeats the uninterrupted run's losses exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .checkpoint import CHECKPOINT_KEYS, check_checkpoint, load_checkpoint
+
+__all__ = ["RESUME_MAY_CHANGE"]
+
+#: Settings a resumed run may change: where and how the arithmetic runs, and what is
+#: shown. Everything else must be as the checkpoint stored it (see :func:`check_resume`).
+RESUME_MAY_CHANGE = ("device", "amp", "compile", "progress", "log_interval")
+#: Keys of ``meta`` that say which data a run trains on; a resumed run must agree on them.
+_DATA_IDENTITY = ("tokenizer_chars", "text_sha256", "task")
+
+
+def _schedule(config: dict[str, Any]) -> tuple[float, float, int, int]:
+    """What fixes the learning rate at every iteration: lr, min_lr, warmup, decay end."""
+    lr, min_lr, decay = config.get("lr"), config.get("min_lr"), config.get("lr_decay_iters")
+    return (lr, lr / 10 if min_lr is None else min_lr, config.get("warmup_iters"),
+            config.get("max_iters") if decay is None else decay)
+
+
+def _model_differences(stored: dict[str, Any], model_config: dict[str, Any]) -> list[str]:
+    if stored == model_config:
+        return []
+    changes = [f"{key} {stored.get(key, 'missing')!r} -> {value!r}"
+               for key, value in model_config.items() if stored.get(key, "missing") != value]
+    return changes or [f"{stored} -> {model_config}"]
+
+
+def _setting_differences(stored: dict[str, Any], config: dict[str, Any]) -> list[str]:
+    """The settings in which ``config`` differs from a checkpoint's, beyond what may change."""
+    differences = []
+    for key, value in config.items():
+        if key in RESUME_MAY_CHANGE or key in ("max_iters", "lr_decay_iters"):
+            continue
+        if key == "min_lr":  # None means lr / 10: compare what it stands for
+            if _schedule(stored)[1] != _schedule(config)[1]:
+                differences.append(f"min_lr {stored.get(key)!r} -> {value!r}")
+        elif stored.get(key, "missing") != value:
+            differences.append(f"{key} {stored.get(key, 'missing')!r} -> {value!r}")
+    old_end, new_end = _schedule(stored)[3], _schedule(config)[3]
+    if old_end != new_end:
+        differences.append(
+            f"the learning rate decays until iteration {old_end} in the checkpoint and until "
+            f"{new_end} now (max_iters {stored.get('max_iters')} -> {config['max_iters']}, "
+            f"lr_decay_iters {stored.get('lr_decay_iters')} -> {config['lr_decay_iters']}); "
+            f"to train longer, keep the schedule: lr_decay_iters={old_end} (--lr-decay-iters "
+            f"{old_end})")
+    return differences
+
+
+def _describe_data_change(key: str, old: Any, new: Any) -> str:
+    if key == "tokenizer_chars":
+        gone = "".join(sorted(set(old) - set(new)))
+        added = "".join(sorted(set(new) - set(old)))
+        return (f"the tokenizer: the checkpoint's {len(old)} characters and this text's "
+                f"{len(new)} differ (only in the checkpoint's: {gone!r}; only in this "
+                f"text's: {added!r})" if gone or added else
+                f"the tokenizer: the same characters in another order ({old!r} -> {new!r})")
+    if key == "text_sha256":
+        return f"the training text (SHA-256 {old[:12]}... in the checkpoint, {new[:12]}... now)"
+    return f"{key} {old!r} -> {new!r}"
+
+
+def _data_differences(stored: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """How the data named by ``meta`` differs from the data named by a checkpoint's meta."""
+
+    def kind(m: dict[str, Any]) -> str | None:
+        return "a task" if "task" in m else "a text" if "tokenizer_chars" in m else None
+
+    if kind(stored) and kind(meta) and kind(stored) != kind(meta):
+        return [f"the data: the checkpoint was trained on {kind(stored)}, this run is on "
+                f"{kind(meta)}"]
+    return [_describe_data_change(key, stored[key], meta[key]) for key in _DATA_IDENTITY
+            if key in stored and key in meta and stored[key] != meta[key]]
+
+
+def check_resume(resume_from: dict[str, Any] | str | os.PathLike[str],
+                 model_config: dict[str, Any], train_config: dict[str, Any],
+                 meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The checkpoint to resume from, and the resumed run's meta, if this is the same run.
+
+    ``model_config`` and ``train_config`` are the new run's settings as dicts
+    (``dataclasses.asdict``), ``meta`` its meta; the returned meta is the
+    checkpoint's, updated by ``meta``. A ``ValueError`` names every difference.
+    """
+    checkpoint = check_checkpoint(
+        resume_from if isinstance(resume_from, dict) else load_checkpoint(resume_from),
+        "resume_from", tuple(CHECKPOINT_KEYS))
+    changes = _model_differences(checkpoint["model_config"], model_config)
+    if changes:
+        raise ValueError("resume_from was saved for a different model configuration: "
+                         + ", ".join(changes))
+    differences = (_data_differences(checkpoint["meta"], meta)
+                   + _setting_differences(checkpoint["train_config"], train_config))
+    if differences:
+        raise ValueError(
+            "resume_from: a resumed run must be the same run, and this one changes "
+            + "; ".join(differences)
+            + f". Only {', '.join(RESUME_MAY_CHANGE)} may change, and max_iters when the "
+            "learning-rate schedule stays the same")
+    if checkpoint["iter"] > train_config["max_iters"]:
+        raise ValueError(f"resume_from is at iteration {checkpoint['iter']}, past "
+                         f"max_iters={train_config['max_iters']}")
+    return checkpoint, {**checkpoint["meta"], **meta}
