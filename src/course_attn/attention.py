@@ -30,9 +30,9 @@ ATTENTION_IMPLS = ("manual", "sdpa")
 
 
 def _check_qkv(q: object, k: object, v: object) -> tuple[Tensor, Tensor, Tensor]:
-    check_tensor(q, "q", min_ndim=2)
-    check_tensor(k, "k", min_ndim=2)
-    check_tensor(v, "v", min_ndim=2)
+    q = check_tensor(q, "q", min_ndim=2)
+    k = check_tensor(k, "k", min_ndim=2)
+    v = check_tensor(v, "v", min_ndim=2)
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[-1] != k.shape[-1]:
@@ -57,7 +57,7 @@ def _check_options(mask: object, q: Tensor, k: Tensor, is_causal: object, scale:
     """Validate the options shared by both paths; return the mask on q's device and the scale."""
     if mask is not None:
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-        check_bool_mask(mask, "mask", (*batch, q.shape[-2], k.shape[-2]))
+        mask = check_bool_mask(mask, "mask", (*batch, q.shape[-2], k.shape[-2]))
         mask = mask.to(q.device)  # a mask built on the CPU follows q to the GPU (no-op if there)
         if mask.dim() < 2:  # (T_k,) or a scalar: give it its (T_q, T_k) axes, as 1s
             mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))

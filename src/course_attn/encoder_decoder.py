@@ -32,7 +32,7 @@ from ._validation import (
     check_token_mask,
 )
 from .decoding import KVCache, check_caches, decode, new_caches, pick_next
-from .layers import PositionalEncoding, TransformerBlock
+from .layers import PositionalEncoding, TransformerBlock, TransformerBlocks
 from .masks import causal_mask, positions_from_attention_mask
 
 __all__ = ["Decoder", "Encoder", "EncoderDecoder", "EncoderDecoderConfig"]
@@ -92,7 +92,7 @@ class Encoder(nn.Module):
         self.config = c = _check_config(config)
         self.embed = nn.Embedding(c.src_vocab_size, c.d_model)
         self.pos = PositionalEncoding(c.d_model, c.max_len, dropout=c.dropout)
-        self.blocks = nn.ModuleList(
+        self.blocks = TransformerBlocks(
             TransformerBlock(c.d_model, c.n_heads, d_ff=c.d_ff, dropout=c.dropout,
                              norm_first=c.norm_first, activation=c.activation)
             for _ in range(c.n_layers))
@@ -137,7 +137,7 @@ class Decoder(nn.Module):
         self.config = c = _check_config(config)
         self.embed = nn.Embedding(c.tgt_vocab_size, c.d_model)
         self.pos = PositionalEncoding(c.d_model, c.max_len, dropout=c.dropout)
-        self.blocks = nn.ModuleList(
+        self.blocks = TransformerBlocks(
             TransformerBlock(c.d_model, c.n_heads, d_ff=c.d_ff, dropout=c.dropout,
                              norm_first=c.norm_first, cross_attention=True,
                              activation=c.activation)
@@ -170,13 +170,14 @@ class Decoder(nn.Module):
                  caches: list[KVCache] | None) -> Tensor:
         past, time = (0 if caches is None else caches[0].length), tgt.shape[1]
         positions = torch.arange(past, past + time, device=tgt.device)  # (T_new,)
-        mask = None  # plain causal self-attention: is_causal=True, no mask tensor
-        if tgt_attention_mask is not None or past:
-            mask = causal_mask(time, past + time, device=tgt.device)  # (T_new, past+T_new)
+        mask: Tensor | None = None  # plain causal self-attention: is_causal=True, no mask
         if tgt_attention_mask is not None:
             tgt_attention_mask = tgt_attention_mask.to(tgt.device)
             positions = positions_from_attention_mask(tgt_attention_mask)[:, past:]  # (B, T_new)
-            mask = mask & tgt_attention_mask[:, None, None, :]  # (B, 1, T_new, past+T_new)
+            causal = causal_mask(time, past + time, device=tgt.device)  # (T_new, past+T_new)
+            mask = causal & tgt_attention_mask[:, None, None, :]  # (B, 1, T_new, past+T_new)
+        elif past:
+            mask = causal_mask(time, past + time, device=tgt.device)  # (T_new, past+T_new)
         memory_mask = _key_mask(memory_attention_mask, tgt.device)  # (B, 1, 1, T_s) or None
         x = self.pos._forward(self.embed(tgt), positions)  # (B, T_new, D)
         for i, block in enumerate(self.blocks):

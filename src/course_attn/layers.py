@@ -13,6 +13,8 @@ every layer of every step.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn as nn
 from torch import Tensor
@@ -39,6 +41,7 @@ __all__ = [
     "MultiHeadAttention",
     "PositionalEncoding",
     "TransformerBlock",
+    "TransformerBlocks",
     "check_caches",
     "merge_heads",
     "sinusoidal_table",
@@ -378,3 +381,14 @@ class TransformerBlock(nn.Module):
             if memory_attention_mask is not None:
                 check_token_mask(memory_attention_mask, "memory_attention_mask",
                                  memory.shape[:2])
+
+
+class TransformerBlocks(nn.ModuleList):
+    """A stack of :class:`TransformerBlock` s: an ``nn.ModuleList`` that says what it holds.
+
+    Behaves exactly like ``nn.ModuleList`` (same ``state_dict`` keys); iterating it
+    yields ``TransformerBlock`` s for the type checker too.
+    """
+
+    def __iter__(self) -> Iterator[TransformerBlock]:
+        return super().__iter__()  # type: ignore[return-value]

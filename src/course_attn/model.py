@@ -34,7 +34,7 @@ from ._validation import (
 )
 from .attention import ATTENTION_IMPLS
 from .decoding import KVCache, check_caches, decode, new_caches, pick_next
-from .layers import TransformerBlock
+from .layers import TransformerBlock, TransformerBlocks
 from .masks import causal_mask, positions_from_attention_mask
 
 __all__ = ["GPTConfig", "MiniGPT", "next_token_loss"]
@@ -107,7 +107,7 @@ class MiniGPT(nn.Module):
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.pos = nn.Embedding(c.block_size, c.d_model)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
+        self.blocks = TransformerBlocks(
             TransformerBlock(c.d_model, c.n_heads, dropout=c.dropout, norm_first=True,
                              bias=c.bias, impl=c.impl)
             for _ in range(c.n_layers))
@@ -201,15 +201,16 @@ class MiniGPT(nn.Module):
         # The mask every block uses, prepared once. Plain causal self-attention needs
         # none: the blocks get is_causal=True, which the fused path hands to PyTorch's
         # FlashAttention-eligible kernel. Padding or a cache make it explicit.
-        mask = None
+        mask: Tensor | None = None
         positions = torch.arange(past, past + time, device=idx.device)  # (T,)
-        if attention_mask is not None or past:
-            mask = causal_mask(time, past + time, device=idx.device)  # (T, past+T)
         if attention_mask is not None:
             attention_mask = attention_mask.to(idx.device)
             # Each row's positions count from its first real token (left padding).
             positions = positions_from_attention_mask(attention_mask)[:, past:]  # (B, T)
-            mask = mask & attention_mask[:, None, None, :]  # (B, 1, T, past+T): no pad key
+            causal = causal_mask(time, past + time, device=idx.device)  # (T, past+T)
+            mask = causal & attention_mask[:, None, None, :]  # (B, 1, T, past+T): no pad key
+        elif past:
+            mask = causal_mask(time, past + time, device=idx.device)  # (T, past+T)
 
         x = self.drop(self.embed(idx) + self.pos(positions))  # (B, T, D)
         weights = []
