@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from numbers import Real
+from typing import Literal, overload
 
 import torch
 from torch import Tensor
@@ -150,6 +151,12 @@ def check_bool(value: object, name: str) -> bool:
     return value
 
 
+@overload
+def check_device(value: object, name: str = ..., *,
+                 allow_none: Literal[False]) -> torch.device: ...
+@overload
+def check_device(value: object, name: str = ..., *,
+                 allow_none: bool = ...) -> torch.device | None: ...
 def check_device(value: object, name: str = "device", *,
                  allow_none: bool = True) -> torch.device | None:
     """Check a device argument: a ``torch.device``, a string such as ``"cuda:0"``, or ``None``.
@@ -179,7 +186,7 @@ def check_choice(value: object, name: str, choices: Iterable[str]) -> str:
         raise TypeError(f"{name} must be one of {options}, got {_describe(value)}")
     if value not in options:
         raise ValueError(f"{name} must be one of {options}, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def check_bool_mask(value: object, name: str, target_shape: Sequence[int]) -> Tensor:

@@ -18,7 +18,7 @@ from .attention import ATTENTION_IMPLS, attention
 __all__ = ["check_kv_heads", "grouped_query_attention", "repeat_kv"]
 
 
-def check_kv_heads(n_heads: int, n_kv_heads: int) -> tuple[int, int]:
+def check_kv_heads(n_heads: object, n_kv_heads: object) -> tuple[int, int]:
     """Check that ``n_kv_heads`` divides ``n_heads``; return both."""
     n_heads = check_positive_int(n_heads, "n_heads")
     n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")

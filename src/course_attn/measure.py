@@ -52,10 +52,16 @@ def block_gradient_norms(n_layers: int, *, norm_first: bool, d_model: int = 64, 
         x = block(x)  # (B, T, D)
     loss = (final_norm(x) - target).pow(2).mean()
     loss.backward()
-    norms = [torch.sqrt(sum(p.grad.pow(2).sum() for name, p in block.named_parameters()
-                            if not name.startswith("norm")))
-             for block in blocks]
-    return torch.stack(norms).detach()  # (n_layers,)
+    return torch.stack([_grad_norm(block) for block in blocks]).detach()  # (n_layers,)
+
+
+def _grad_norm(block: nn.Module) -> Tensor:
+    """L2 norm of the gradients of a block's weights, its LayerNorms left out (summed in order)."""
+    total = torch.zeros(())
+    for name, p in block.named_parameters():
+        if p.grad is not None and not name.startswith("norm"):
+            total = total + p.grad.pow(2).sum()
+    return total.sqrt()
 
 
 def decode_step_seconds(model: EncoderDecoder, prefix_len: int, *, use_cache: bool,

@@ -319,8 +319,7 @@ class MiniGPT(nn.Module):
         check_nonnegative_int(max_new_tokens, "max_new_tokens")
         check_nonnegative_real(temperature, "temperature")
         if top_k is not None:
-            check_positive_int(top_k, "top_k")
-            if top_k > self.config.vocab_size:
+            if check_positive_int(top_k, "top_k") > self.config.vocab_size:
                 raise ValueError(f"top_k must be at most vocab_size={self.config.vocab_size}, "
                                  f"got {top_k}")
         check_bool(use_cache, "use_cache")
@@ -328,5 +327,5 @@ class MiniGPT(nn.Module):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         if attention_mask is None:
             return torch.ones_like(idx, dtype=torch.bool)
-        check_token_mask(attention_mask, "attention_mask", idx.shape, rows_nonempty=True)
-        return check_left_padding(attention_mask.to(idx.device), "attention_mask")
+        mask = check_token_mask(attention_mask, "attention_mask", idx.shape, rows_nonempty=True)
+        return check_left_padding(mask.to(idx.device), "attention_mask")

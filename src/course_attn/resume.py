@@ -23,10 +23,14 @@ RESUME_MAY_CHANGE = ("device", "amp", "compile", "progress", "log_interval")
 _DATA_IDENTITY = ("tokenizer_chars", "text_sha256", "task")
 
 
-def _schedule(config: dict[str, Any]) -> tuple[float, float, int, int]:
-    """What fixes the learning rate at every iteration: lr, min_lr, warmup, decay end."""
+def _schedule(config: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """What fixes the learning rate at every iteration: lr, min_lr, warmup, decay end.
+
+    The values come from a stored config (a plain dict), so their types are the
+    dict's; a missing key is ``None`` and compares unequal to a number.
+    """
     lr, min_lr, decay = config.get("lr"), config.get("min_lr"), config.get("lr_decay_iters")
-    return (lr, lr / 10 if min_lr is None else min_lr, config.get("warmup_iters"),
+    return (lr, lr / 10 if min_lr is None and lr is not None else min_lr, config.get("warmup_iters"),
             config.get("max_iters") if decay is None else decay)
 
 

@@ -30,6 +30,13 @@ class _NextTokenTask:
     """
 
     _block_rule = ""
+    @property
+    def block_size(self) -> int:
+        """T, the length of the inputs (each task derives it from its sizes)."""
+        raise NotImplementedError
+
+    def sample(self, batch_size: int, *, generator: torch.Generator | None = None) -> Tensor:
+        raise NotImplementedError
 
     def get_batch(
         self,

@@ -23,6 +23,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -304,7 +305,7 @@ def estimate_loss(model: nn.Module, data: BatchSource, config: TrainConfig, *,
                         f"(a CharCorpus or a task), got {type(data).__name__}")
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    device = (check_device(device, "device") if device is not None
+    device = (check_device(device, "device", allow_none=False) if device is not None
               else next(model.parameters()).device)
     dtype = amp_dtype(device, amp=config.amp)
     block_size = model.config.block_size
@@ -427,7 +428,7 @@ class _Run:
         self._finish()
         return self.result
 
-    def _step(self, step_model: nn.Module, it: int) -> None:
+    def _step(self, step_model: Callable[..., Any], it: int) -> None:
         """One optimizer step on one batch; its loss stays on the device (no sync)."""
         config, optimizer, scaler = self.config, self.optimizer, self.scaler
         for group in optimizer.param_groups:
@@ -489,6 +490,7 @@ class _Run:
             model=self.model, train_config=dataclasses.asdict(self.config),
             optimizer=self.optimizer, scaler=self.scaler, generator=self.generator,
             device=self.device, iteration=done, history=history, meta=self.meta)
+        assert self.checkpoint_path is not None  # _save runs only with a path
         save_checkpoint(self.checkpoint_path, checkpoint)
         self.saved_iter = done
 
