@@ -44,6 +44,7 @@ book: html
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks notebooks tools
+	$(BIN)/mypy
 
 unit: $(STAMP)
 	$(BIN)/pytest tests -m "not site"

@@ -27,7 +27,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from numbers import Real
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from matplotlib import colors as mcolors
 from matplotlib.font_manager import FontProperties
@@ -87,7 +87,8 @@ def _tint(color: str, amount: float) -> tuple[float, float, float]:
     return (1 - amount * (1 - r), 1 - amount * (1 - g), 1 - amount * (1 - b))
 
 
-def _shade(color: str, amount: float = 0.3) -> tuple[float, float, float]:
+def _shade(color: str | tuple[float, float, float], amount: float = 0.3
+           ) -> tuple[float, float, float]:
     """``color`` mixed with black, for edges and text."""
     r, g, b = mcolors.to_rgb(color)
     return (r * (1 - amount), g * (1 - amount), b * (1 - amount))
@@ -151,7 +152,7 @@ def _check_vector(value: object, name: str) -> tuple[float, float]:
 
 def _diagram(func: Callable[..., Figure]) -> Callable[..., Figure]:
     """Give the figure its description (the docstring's first line) as its label."""
-    description = func.__doc__.strip().splitlines()[0]
+    description = (func.__doc__ or "").strip().splitlines()[0]
 
     @functools.wraps(func)
     def wrapper(*args: object, **kwargs: object) -> Figure:
@@ -176,7 +177,7 @@ def _canvas(height: float, title: str, width: float = WIDTH) -> tuple[Figure, Ax
     return fig, ax
 
 
-def _text(ax: Axes, x: float, y: float, text: str, size: float = FONT, **kwargs: object):
+def _text(ax: Axes, x: float, y: float, text: str, size: float = FONT, **kwargs: Any):
     kwargs.setdefault("ha", "center")
     kwargs.setdefault("va", "center")
     return ax.text(x, y, text, fontsize=size, **kwargs)
@@ -198,7 +199,7 @@ def _box(ax: Axes, cx: float, cy: float, w: float, h: float, label: str, role: s
 
 def _arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float],
            color: object = "#333333", lw: float = 1.3, style: str = "-|>",
-           connection: str | None = None, **kwargs: object) -> FancyArrowPatch:
+           connection: str | None = None, **kwargs: Any) -> FancyArrowPatch:
     arrow = FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=11, lw=lw,
                             color=color, shrinkA=0, shrinkB=0,
                             connectionstyle=connection or "arc3", **kwargs)
@@ -227,7 +228,8 @@ def _grid(ax: Axes, left: float, top: float, rows: int, cols: int, cell: float,
             if texts is not None:
                 _text(ax, left + (c + 0.5) * cell, top - (r + 0.5) * cell, texts(r, c),
                       text_size)
-    frame = _shade(ROLE_COLORS[role_of(0, 0)]) if role_of(0, 0) is not None else "#555555"
+    corner = role_of(0, 0)
+    frame = _shade(ROLE_COLORS[corner]) if corner is not None else "#555555"
     ax.add_patch(Rectangle((left, top - rows * cell), cols * cell, rows * cell,
                            fill=False, edgecolor=frame, lw=1.0))
     return {"left": left, "right": left + cols * cell, "top": top, "bottom": top - rows * cell,
@@ -796,7 +798,8 @@ def encoder_decoder_flow(n_layers: int = 2) -> Figure:
                 _arrow(ax, (cx, y_prev), (cx, box["bottom"]))
                 if mask is not None:
                     edge = box["left"] if side == "left" else box["right"]
-                    tag(edge - 0.08 if side == "left" else edge + 0.08, cy, *mask, side)
+                    kind, label = mask
+                    tag(edge - 0.08 if side == "left" else edge + 0.08, cy, kind, label, side)
                 y_prev = box["top"]
             hi = y_prev + 0.08
             left = cx - box_w / 2 - 0.08

@@ -40,6 +40,7 @@ from ._validation import (
     check_nonnegative_int,
     check_positive_int,
     check_positive_real,
+    check_sequence,
     check_tensor,
 )
 from .attention import ATTENTION_IMPLS, attention
@@ -95,7 +96,7 @@ class LatentKVCache:
             if (k_rope is None) != (self.k_rope is None):
                 raise ValueError("k_rope must be given at every step or at none")
             c = torch.cat([self.c, c], dim=1)  # (B, T_cache + T_new, d_latent)
-            if k_rope is not None:
+            if k_rope is not None and self.k_rope is not None:
                 k_rope = torch.cat([self.k_rope, k_rope], dim=1)  # (B, T_cache + T_new, d_rope)
         self.c, self.k_rope = c, k_rope
         return c, k_rope
@@ -176,17 +177,7 @@ class MultiHeadLatentAttention(nn.Module):
         return w_q_latent, b_q_latent, w_out_latent
 
     def _check_input(self, x: object) -> Tensor:
-        check_tensor(x, "x", ndim=3)
-        if x.shape[1] == 0:
-            raise ValueError(f"x must hold at least one position (B, T, D) with T >= 1, got "
-                             f"shape {tuple(x.shape)}")
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have width d_model={self.d_model}, got shape "
-                             f"{tuple(x.shape)}")
-        if x.dtype != self.q_proj.weight.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise TypeError(f"x has dtype {x.dtype} but the layer's weights are "
-                            f"{self.q_proj.weight.dtype}; convert one with .to(dtype)")
-        return x
+        return check_sequence(x, "x", width=self.d_model, dtype=self.q_proj.weight.dtype)
 
     def _positions(self, positions: object, x: Tensor, past: int) -> Tensor | None:
         if not self.d_rope:
@@ -250,7 +241,8 @@ class MultiHeadLatentAttention(nn.Module):
 
         c = self.kv_down(x)  # (B, T, D) -> (B, T, d_latent)
         q_rope = k_rope = None
-        if self.d_rope:
+        if self.q_rope_proj is not None and self.k_rope_proj is not None:
+            assert positions is not None  # _positions gives them whenever d_rope > 0
             q_positions = positions if positions.dim() == 1 else positions[:, None, :]
             q_rope = split_heads(self.q_rope_proj(x), self.n_heads)  # (B, H, T, d_rope)
             q_rope = apply_rope(q_rope, q_positions, base=self.rope_base)
@@ -266,7 +258,7 @@ class MultiHeadLatentAttention(nn.Module):
         q = split_heads(self.q_proj(x), self.n_heads)  # (B, T, H*hd) -> (B, H, T, hd)
         k = split_heads(self.k_up(c), self.n_heads)  # (B, T_k, L) -> (B, H, T_k, hd)
         v = split_heads(self.v_up(c), self.n_heads)  # (B, T_k, L) -> (B, H, T_k, hd)
-        if self.d_rope:
+        if q_rope is not None and k_rope is not None:
             shared = k_rope[:, None].expand(batch, self.n_heads, t_k, self.d_rope)
             q = torch.cat([q, q_rope], dim=-1)  # (B, H, T, hd + d_rope)
             k = torch.cat([k, shared], dim=-1)  # (B, H, T_k, hd + d_rope)
@@ -283,7 +275,7 @@ class MultiHeadLatentAttention(nn.Module):
             q = q + b_q[:, None, :]  # (H, 1, d_latent) broadcast over B and T
         latents = c[:, None].expand(batch, self.n_heads, t_k, self.d_latent)  # (B, H, T_k, L)
         keys = latents
-        if self.d_rope:
+        if q_rope is not None and k_rope is not None:
             shared = k_rope[:, None].expand(batch, self.n_heads, t_k, self.d_rope)
             q = torch.cat([q, q_rope], dim=-1)  # (B, H, T, d_latent + d_rope)
             keys = torch.cat([latents, shared], dim=-1)  # (B, H, T_k, d_latent + d_rope)

@@ -30,8 +30,10 @@ def _schedule(config: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     dict's; a missing key is ``None`` and compares unequal to a number.
     """
     lr, min_lr, decay = config.get("lr"), config.get("min_lr"), config.get("lr_decay_iters")
-    return (lr, lr / 10 if min_lr is None and lr is not None else min_lr, config.get("warmup_iters"),
-            config.get("max_iters") if decay is None else decay)
+    if min_lr is None and lr is not None:
+        min_lr = lr / 10
+    end = config.get("max_iters") if decay is None else decay
+    return lr, min_lr, config.get("warmup_iters"), end
 
 
 def _model_differences(stored: dict[str, Any], model_config: dict[str, Any]) -> list[str]:

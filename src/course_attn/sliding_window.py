@@ -108,8 +108,8 @@ class RollingKVCache:
         self.seen = 0
 
     def _check(self, k: object, v: object) -> None:
-        check_tensor(k, "k", ndim=4)
-        check_tensor(v, "v", ndim=4)
+        k = check_tensor(k, "k", ndim=4)
+        v = check_tensor(v, "v", ndim=4)
         if k.shape[:3] != v.shape[:3]:
             raise ValueError(f"k and v must have the same (B, H, T_new), got {tuple(k.shape)} "
                              f"and {tuple(v.shape)}")
@@ -120,7 +120,7 @@ class RollingKVCache:
             raise TypeError(f"k and v must share a dtype, got {k.dtype} and {v.dtype}")
         if k.device != v.device:
             raise ValueError(f"k and v must be on one device, got {k.device} and {v.device}")
-        if self.k is None:
+        if self.k is None or self.v is None:
             return
         if k.dtype != self.k.dtype:
             raise TypeError(f"the cache holds {self.k.dtype} keys but the new k is {k.dtype}; "
@@ -157,6 +157,7 @@ class RollingKVCache:
         new = new[:, :, -self.window:]  # only the last W positions can still be needed
         slots = torch.arange(total - new.shape[2], total, device=new.device) % self.window
         # In place: the slots of the positions that left the window are overwritten.
+        assert buffer is not None  # filled above: held == window here
         return buffer.index_copy_(2, slots, new)  # (B, H, W, head_dim)
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -169,6 +170,7 @@ class RollingKVCache:
         self._check(k, v)
         keep = min(self.length, self.window - 1)
         if keep:
+            assert self.k is not None and self.v is not None  # keep > 0: something is cached
             old_k = self._chronological(self.k)[:, :, self.length - keep:]  # (B, H, keep, d_k)
             old_v = self._chronological(self.v)[:, :, self.length - keep:]  # (B, H, keep, d_v)
             keys = torch.cat([old_k, k], dim=2)  # (B, H, keep + T_new, d_k)

@@ -88,8 +88,8 @@ def plot_attention(
         _, ax = plt.subplots(figsize=(max(3.0, size[0]), max(2.5, size[1])))
     image = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
     ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_xticks(range(data.shape[1]), labels=x_labels or range(data.shape[1]))
-    ax.set_yticks(range(data.shape[0]), labels=y_labels or range(data.shape[0]))
+    ax.set_xticks(range(data.shape[1]), labels=x_labels or _numbers(data.shape[1]))
+    ax.set_yticks(range(data.shape[0]), labels=y_labels or _numbers(data.shape[0]))
     if x_labels is not None and max((len(str(s)) for s in x_labels), default=0) > 3:
         ax.tick_params(axis="x", labelrotation=45)
     ax.set_xlabel("key")
@@ -121,7 +121,7 @@ def plot_distribution(
     if ax is None:
         _, ax = plt.subplots(figsize=(max(4.0, 0.45 * data.shape[0] + 1.5), 2.8))
     ax.bar(range(data.shape[0]), data, color="tab:blue")
-    ax.set_xticks(range(data.shape[0]), labels=labels or range(data.shape[0]))
+    ax.set_xticks(range(data.shape[0]), labels=labels or _numbers(data.shape[0]))
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
@@ -228,8 +228,8 @@ def plot_mask(
         _, ax = plt.subplots(figsize=(max(2.5, 0.9 + 0.45 * data.shape[1]),
                                       max(2.2, 0.9 + 0.4 * data.shape[0])))
     ax.imshow(data, cmap="Blues", vmin=-0.25, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(data.shape[1]), labels=x_labels or range(data.shape[1]))
-    ax.set_yticks(range(data.shape[0]), labels=y_labels or range(data.shape[0]))
+    ax.set_xticks(range(data.shape[1]), labels=x_labels or _numbers(data.shape[1]))
+    ax.set_yticks(range(data.shape[0]), labels=y_labels or _numbers(data.shape[0]))
     if x_labels is not None and max((len(str(s)) for s in x_labels), default=0) > 3:
         ax.tick_params(axis="x", labelrotation=45)
     if data.size <= 256:
@@ -348,3 +348,8 @@ def plot_heatmap(
     if title:
         ax.set_title(title)
     return ax
+
+
+def _numbers(n: int) -> list[str]:
+    """Tick labels ``"0" .. "n-1"``, for axes whose caller gave no names."""
+    return [str(i) for i in range(n)]
