@@ -293,6 +293,17 @@ def test_cli_trains_on_a_text_file_and_writes_metrics(tmp_path, corpus_file, cap
     assert len(resumed["train_loss_history"]) == 6
 
 
+def test_cli_runs_with_one_seed_repeat_each_other(tmp_path, corpus_file):
+    """--seed fixes the initial weights too, so two runs give the same losses."""
+    runs = []
+    for name in ("a.json", "b.json"):
+        code = main(["--data", str(corpus_file), *TINY, "--max-iters", "3", "--samples", "0",
+                     "--seed", "7", "--metrics-out", str(tmp_path / name)])
+        assert code == 0
+        runs.append(json.loads((tmp_path / name).read_text())["train_loss_history"])
+    assert runs[0] == runs[1]
+
+
 @pytest.mark.parametrize("task", [CopyTask(), RecallTask()])
 def test_cli_task_reports_the_floor(tmp_path, task):
     metrics_path = tmp_path / "m.json"

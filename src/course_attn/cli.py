@@ -294,7 +294,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_preset_device(args.preset, device, vocab_size=model_config.vocab_size)
         except ValueError as error:
             parser.error(f"--preset {args.preset}: {error}")
-    model = MiniGPT(model_config)
+    with torch.random.fork_rng(devices=[]):  # --seed also fixes the initial weights
+        torch.manual_seed(config.seed)
+        model = MiniGPT(model_config)
     print(f"MiniGPT: {model.num_parameters():,} parameters, "
           f"{model_config.n_layers} layers x {model_config.n_heads} heads, width "
           f"{model_config.d_model}, context {model_config.block_size}, vocabulary "
