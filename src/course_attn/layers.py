@@ -308,6 +308,7 @@ class TransformerBlock(nn.Module):
     With ``cross_attention=True`` (an encoder-decoder's decoder layer) a
     cross-attention sublayer with ``norm3`` sits between the two.
     Dropout is applied to each sublayer's output before the residual addition.
+    ``n_kv_heads`` makes its attention grouped-query (see :class:`MultiHeadAttention`).
     """
 
     def __init__(self, d_model: int, n_heads: int, *, d_ff: int | None = None,
