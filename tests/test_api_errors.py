@@ -196,6 +196,10 @@ case("MultiHeadAttention", "bias", TypeError, lambda: MultiHeadAttention(8, 2, b
 case("MultiHeadAttention", "dropout", ValueError, lambda: MultiHeadAttention(8, 2, dropout=1.0))
 case("MultiHeadAttention", "impl", ValueError, lambda: MultiHeadAttention(8, 2, impl="fast"))
 case("MultiHeadAttention", "impl", TypeError, lambda: MultiHeadAttention(8, 2, impl=1))
+case("MultiHeadAttention", "n_kv_heads", ValueError,
+     lambda: MultiHeadAttention(8, 4, n_kv_heads=3))
+case("MultiHeadAttention", "n_kv_heads", TypeError,
+     lambda: MultiHeadAttention(8, 2, n_kv_heads=1.0))
 case("MultiHeadAttention.forward", "query", TypeError, lambda: MHA(X8.tolist()))
 case("MultiHeadAttention.forward", "query", TypeError, lambda: MHA(X8.double()))
 case("MultiHeadAttention.forward", "query", ValueError, lambda: MHA(Q))
@@ -262,6 +266,16 @@ case("GPTConfig", "dropout", ValueError, lambda: GPTConfig(vocab_size=7, block_s
 case("GPTConfig", "impl", TypeError, lambda: GPTConfig(vocab_size=7, block_size=8, impl=0))
 case("GPTConfig", "init_std", ValueError,
      lambda: GPTConfig(vocab_size=7, block_size=8, init_std=float("nan")))
+case("GPTConfig", "pos_encoding", ValueError,
+     lambda: GPTConfig(vocab_size=7, block_size=8, pos_encoding="alibi"))
+case("GPTConfig", "pos_encoding", TypeError,
+     lambda: GPTConfig(vocab_size=7, block_size=8, pos_encoding=None))
+case("GPTConfig", "n_kv_heads", ValueError,
+     lambda: GPTConfig(vocab_size=7, block_size=8, n_heads=4, n_kv_heads=3))
+case("GPTConfig", "n_kv_heads", TypeError,
+     lambda: GPTConfig(vocab_size=7, block_size=8, n_kv_heads="2"))
+case("GPTConfig", "window", ValueError, lambda: GPTConfig(vocab_size=7, block_size=8, window=0))
+case("GPTConfig", "window", TypeError, lambda: GPTConfig(vocab_size=7, block_size=8, window=2.0))
 case("MiniGPT", "config", TypeError, lambda: MiniGPT({"vocab_size": 7, "block_size": 8}))
 case("MiniGPT.forward", "idx", TypeError, lambda: GPT(IDX.float()))
 case("MiniGPT.forward", "idx", ValueError, lambda: GPT(_long(0, 3)))

@@ -46,7 +46,7 @@ from .masks import (
     to_torch_mha_mask,
 )
 from .measure import block_gradient_norms, decode_step_seconds
-from .model import GPTConfig, MiniGPT
+from .model import POS_ENCODINGS, GPTConfig, MiniGPT
 from .rope import apply_rope, apply_rotary, rope_cos_sin, sinusoid_angles
 from .self_attention import SelfAttention, simple_self_attention
 from .sliding_window import RollingKVCache, sliding_window_attention, sliding_window_mask
@@ -124,6 +124,7 @@ __all__ = [
     "sinusoid_angles",
     "sliding_window_attention",
     "sliding_window_mask",
+    "POS_ENCODINGS",
 ]
 
 

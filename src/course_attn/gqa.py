@@ -36,7 +36,11 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     ``torch.repeat_interleave(x, n_rep, dim=1)`` and of SDPA's ``enable_gqa``.
     """
     check_tensor(x, "x", ndim=4)
-    n_rep = check_positive_int(n_rep, "n_rep")
+    return _repeat_kv(x, check_positive_int(n_rep, "n_rep"))
+
+
+def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """:func:`repeat_kv` without its checks, for layers that checked at their boundary."""
     if n_rep == 1:
         return x
     batch, n_kv_heads, time, head_dim = x.shape

@@ -33,7 +33,9 @@ from ._validation import (
 )
 from .attention import ATTENTION_IMPLS, _attention
 from .decoding import KVCache, check_caches
+from .gqa import _repeat_kv, check_kv_heads
 from .masks import combine_masks
+from .rope import _rotate
 
 __all__ = [
     "FeedForward",
@@ -87,19 +89,26 @@ class MultiHeadAttention(nn.Module):
     own subspace; their outputs are concatenated and mixed by ``out_proj``.
     Weights are laid out like ``nn.MultiheadAttention`` (``in_proj_weight`` is
     ``cat([q_proj.weight, k_proj.weight, v_proj.weight])``), so they can be copied.
+
+    ``n_kv_heads`` (default ``n_heads``) makes it grouped-query attention: ``k_proj``
+    and ``v_proj`` produce only ``n_kv_heads`` heads, which the cache stores, and
+    each is shared by ``n_heads / n_kv_heads`` query heads (``1``: multi-query).
     """
 
     def __init__(self, d_model: int, n_heads: int, *, bias: bool = True, dropout: float = 0.0,
-                 impl: str = "manual") -> None:
+                 impl: str = "manual", n_kv_heads: int | None = None) -> None:
         super().__init__()
         self.head_dim = check_head_split(d_model, n_heads)
         self.d_model, self.n_heads = d_model, n_heads
+        self.n_kv_heads = n_heads if n_kv_heads is None else check_kv_heads(n_heads,
+                                                                            n_kv_heads)[1]
+        kv_width = self.n_kv_heads * self.head_dim
         self.dropout = check_probability(dropout, "dropout")
         self.impl = check_choice(impl, "impl", ATTENTION_IMPLS)
         check_bool(bias, "bias")
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
+        self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(
@@ -141,13 +150,25 @@ class MultiHeadAttention(nn.Module):
 
     def _forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, *,
                  is_causal: bool = False, need_weights: bool = False,
-                 cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
-        """:meth:`forward` without checks; ``mask`` is combined and on ``query``'s device."""
+                 cache: KVCache | None = None,
+                 rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
+        """:meth:`forward` without checks; ``mask`` is combined and on ``query``'s device.
+
+        ``rope`` is ``(cos, sin)`` from ``rope.rope_cos_sin`` at the new tokens'
+        positions, ``(T_q, head_dim / 2)`` or ``(B, 1, T_q, head_dim / 2)``
+        (self-attention): queries and keys are rotated, keys before they are cached.
+        """
+        n_kv = self.n_kv_heads
         q = _split_heads(self.q_proj(query), self.n_heads)  # (B, T_q, D) -> (B, H, T_q, hd)
-        k = _split_heads(self.k_proj(key), self.n_heads)  # (B, T_k, D) -> (B, H, T_k, hd)
-        v = _split_heads(self.v_proj(value), self.n_heads)  # (B, T_k, D) -> (B, H, T_k, hd)
+        k = _split_heads(self.k_proj(key), n_kv)  # (B, T_k, H_kv * hd) -> (B, H_kv, T_k, hd)
+        v = _split_heads(self.v_proj(value), n_kv)  # (B, T_k, H_kv * hd) -> (B, H_kv, T_k, hd)
+        if rope is not None:
+            q, k = _rotate(q, *rope), _rotate(k, *rope)  # a cached key keeps its rotation
         if cache is not None:
-            k, v = cache.update(k, v)  # (B, H, T_cache + T_q, head_dim)
+            k, v = cache.update(k, v)  # (B, H_kv, T_cache + T_q, head_dim)
+        # Each key/value head serves n_heads / n_kv_heads query heads (GQA).
+        k = _repeat_kv(k, self.n_heads // n_kv)  # (B, H_kv, T_k, hd) -> (B, H, T_k, hd)
+        v = _repeat_kv(v, self.n_heads // n_kv)  # (B, H_kv, T_k, hd) -> (B, H, T_k, hd)
         dropout_p = self.dropout if self.training else 0.0
         impl = "manual" if need_weights else self.impl
         out, attn_weights = _attention(q, k, v, mask, is_causal=is_causal, scale=None,
@@ -287,12 +308,13 @@ class TransformerBlock(nn.Module):
     With ``cross_attention=True`` (an encoder-decoder's decoder layer) a
     cross-attention sublayer with ``norm3`` sits between the two.
     Dropout is applied to each sublayer's output before the residual addition.
+    ``n_kv_heads`` makes its attention grouped-query (see :class:`MultiHeadAttention`).
     """
 
     def __init__(self, d_model: int, n_heads: int, *, d_ff: int | None = None,
                  dropout: float = 0.0, norm_first: bool = True, cross_attention: bool = False,
                  activation: str = "gelu", bias: bool = True, layer_norm_eps: float = 1e-5,
-                 impl: str = "manual") -> None:
+                 impl: str = "manual", n_kv_heads: int | None = None) -> None:
         super().__init__()
         for name, flag in (("norm_first", norm_first), ("cross_attention", cross_attention),
                            ("bias", bias)):
@@ -300,9 +322,10 @@ class TransformerBlock(nn.Module):
         check_positive_real(layer_norm_eps, "layer_norm_eps")
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout,
-                                            impl=impl)
+                                            impl=impl, n_kv_heads=n_kv_heads)
         self.cross_attn = (MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout,
-                                              impl=impl) if cross_attention else None)
+                                              impl=impl, n_kv_heads=n_kv_heads)
+                           if cross_attention else None)
         self.ff = FeedForward(d_model, d_ff, dropout=dropout, bias=bias, activation=activation)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
@@ -334,15 +357,17 @@ class TransformerBlock(nn.Module):
 
     def _forward(self, x: Tensor, mask: Tensor | None, *, is_causal: bool = False,
                  memory: Tensor | None = None, memory_mask: Tensor | None = None,
-                 cache: KVCache | None = None, need_weights: bool = False
-                 ) -> tuple[Tensor, Tensor | None]:
+                 cache: KVCache | None = None, need_weights: bool = False,
+                 rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
         """:meth:`forward` without checks; returns ``(x, self-attention weights or None)``.
 
-        ``mask`` and ``memory_mask`` are prepared (combined, on ``x``'s device).
+        ``mask`` and ``memory_mask`` are prepared (combined, on ``x``'s device);
+        ``rope`` is the self-attention's ``(cos, sin)`` (see ``MultiHeadAttention._forward``).
         """
         def self_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
             out, weights = self.self_attn._forward(h, h, h, mask, is_causal=is_causal,
-                                                   need_weights=need_weights, cache=cache)
+                                                   need_weights=need_weights, cache=cache,
+                                                   rope=rope)
             return self.dropout(out), weights
 
         def cross_attention(h: Tensor) -> Tensor:

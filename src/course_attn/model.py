@@ -6,7 +6,11 @@ head that scores every vocabulary entry. The layout follows nanoGPT's
 ``model.py``; the blocks are the course's own ``TransformerBlock``, so the
 attention inside is the code of chapters 4 to 7, with its manual/fused switch
 (``GPTConfig.impl``) and its KV cache. ``forward`` checks its arguments once
-and prepares the mask once; the blocks then run unchecked.
+and prepares the mask (and RoPE's rotations) once; the blocks then run unchecked.
+
+``GPTConfig`` switches on the modern variants of the chapters before it, each
+off by default: rotary or sinusoidal positions (``pos_encoding``), grouped-query
+attention (``n_kv_heads``) and sliding-window attention (``window``).
 """
 
 from __future__ import annotations
@@ -34,10 +38,18 @@ from ._validation import (
 )
 from .attention import ATTENTION_IMPLS
 from .decoding import KVCache, check_caches, decode, new_caches, pick_next
-from .layers import TransformerBlock, TransformerBlocks
+from .gqa import check_kv_heads
+from .layers import TransformerBlock, TransformerBlocks, sinusoidal_table
 from .masks import causal_mask, positions_from_attention_mask
+from .rope import _angle_dtype, rope_cos_sin
+from .sliding_window import sliding_window_mask
 
-__all__ = ["GPTConfig", "MiniGPT", "next_token_loss"]
+__all__ = ["POS_ENCODINGS", "GPTConfig", "MiniGPT", "next_token_loss"]
+
+#: How ``MiniGPT`` tells positions apart (``GPTConfig.pos_encoding``): a learned
+#: table added to the embeddings (GPT-2), chapter 7's fixed sinusoidal table
+#: added the same way, or rotary embeddings of the queries and keys (RoPE).
+POS_ENCODINGS = ("learned", "sinusoidal", "rope")
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,13 @@ class GPTConfig:
     is the standard deviation of the initial weights: GPT-2's 0.02 suits
     widths of hundreds; a narrow model (width 64) learns some two-layer
     circuits far sooner from a larger start such as 0.1 (chapter 8).
+
+    Modern variants, each off by default: ``pos_encoding`` is one of
+    ``POS_ENCODINGS`` (``"rope"`` needs an even ``head_dim``); ``n_kv_heads``
+    key/value heads (``None``: ``n_heads``; it must divide ``n_heads``) make
+    grouped-query attention, ``1`` multi-query; ``window`` (``None``: the whole
+    causal context) lets each token attend only to the last ``window`` positions,
+    itself included (sliding-window attention).
     """
 
     vocab_size: int
@@ -64,11 +83,23 @@ class GPTConfig:
     tie_weights: bool = True
     impl: str = "manual"
     init_std: float = 0.02
+    pos_encoding: str = "learned"
+    n_kv_heads: int | None = None
+    window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layers"):
             check_positive_int(getattr(self, name), name)
-        check_head_split(self.d_model, self.n_heads)
+        head_dim = check_head_split(self.d_model, self.n_heads)
+        check_choice(self.pos_encoding, "pos_encoding", POS_ENCODINGS)
+        if self.pos_encoding == "rope" and head_dim % 2:
+            raise ValueError(f"pos_encoding='rope' needs an even head_dim = d_model / n_heads "
+                             f"(RoPE rotates features in pairs), got d_model={self.d_model} / "
+                             f"n_heads={self.n_heads} = {head_dim}")
+        if self.n_kv_heads is not None:
+            check_kv_heads(self.n_heads, self.n_kv_heads)
+        if self.window is not None:
+            check_positive_int(self.window, "window")
         check_probability(self.dropout, "dropout")
         for name in ("bias", "tie_weights"):
             check_bool(getattr(self, name), name)
@@ -99,17 +130,24 @@ class MiniGPT(nn.Module):
     returns ``(logits (B, T, V), loss or None)``; ``generate`` continues prompts.
     """
 
+    pos: nn.Embedding | None  # the learned position table (pos_encoding="learned")
+    pos_table: Tensor | None  # the fixed sinusoidal table (pos_encoding="sinusoidal")
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = c = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        self.pos = nn.Embedding(c.block_size, c.d_model)
+        self.pos = (nn.Embedding(c.block_size, c.d_model) if c.pos_encoding == "learned"
+                    else None)
+        # Fixed, so not saved: a non-persistent buffer (it still follows .to(device)).
+        self.register_buffer("pos_table", sinusoidal_table(c.block_size, c.d_model)
+                             if c.pos_encoding == "sinusoidal" else None, persistent=False)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = TransformerBlocks(
             TransformerBlock(c.d_model, c.n_heads, dropout=c.dropout, norm_first=True,
-                             bias=c.bias, impl=c.impl)
+                             bias=c.bias, impl=c.impl, n_kv_heads=c.n_kv_heads)
             for _ in range(c.n_layers))
         self.norm = nn.LayerNorm(c.d_model, bias=c.bias)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
@@ -133,7 +171,9 @@ class MiniGPT(nn.Module):
         """Number of parameters (a tied matrix counts once); optionally without ``pos``."""
         check_bool(non_embedding, "non_embedding")
         total = sum(p.numel() for p in self.parameters())
-        return total - self.pos.weight.numel() if non_embedding else total
+        if non_embedding and self.pos is not None:
+            return total - self.pos.weight.numel()
+        return total
 
     def flops_per_token(self) -> int:
         """Floating-point operations to train on one token: forward and backward (chapter 8).
@@ -197,28 +237,62 @@ class MiniGPT(nn.Module):
     def _run(self, idx: Tensor, attention_mask: Tensor | None, caches: list[KVCache] | None,
              past: int, *, need_weights: bool = False) -> tuple[Tensor, list[Tensor | None]]:
         """Embed ``idx (B, T)`` and run every block; return ``x (B, T, D)`` and the weights."""
-        time = idx.shape[1]
-        # The mask every block uses, prepared once. Plain causal self-attention needs
-        # none: the blocks get is_causal=True, which the fused path hands to PyTorch's
-        # FlashAttention-eligible kernel. Padding or a cache make it explicit.
-        mask: Tensor | None = None
-        positions = torch.arange(past, past + time, device=idx.device)  # (T,)
-        if attention_mask is not None:
-            attention_mask = attention_mask.to(idx.device)
-            # Each row's positions count from its first real token (left padding).
-            positions = positions_from_attention_mask(attention_mask)[:, past:]  # (B, T)
-            causal = causal_mask(time, past + time, device=idx.device)  # (T, past+T)
-            mask = causal & attention_mask[:, None, None, :]  # (B, 1, T, past+T): no pad key
-        elif past:
-            mask = causal_mask(time, past + time, device=idx.device)  # (T, past+T)
-
-        x = self.drop(self.embed(idx) + self.pos(positions))  # (B, T, D)
+        mask, positions = self._mask_and_positions(idx, attention_mask, past)
+        rope = self._rope(positions)  # (cos, sin), made once for every block, or None
+        x = self.drop(self._embed(idx, positions))  # (B, T, D)
         weights = []
         for i, block in enumerate(self.blocks):
             x, w = block._forward(x, mask, is_causal=mask is None, need_weights=need_weights,
-                                  cache=None if caches is None else caches[i])  # (B, T, D)
+                                  cache=None if caches is None else caches[i],
+                                  rope=rope)  # (B, T, D)
             weights.append(w)
         return x, weights
+
+    def _mask_and_positions(self, idx: Tensor, attention_mask: Tensor | None,
+                            past: int) -> tuple[Tensor | None, Tensor]:
+        """The mask every block uses, prepared once, and the new tokens' positions.
+
+        Plain causal self-attention needs no mask: the blocks get ``is_causal=True``,
+        which the fused path hands to PyTorch's FlashAttention-eligible kernel.
+        Padding, a cache or a window shorter than the context make it explicit:
+        ``(T, T_cache + T)``, or ``(B, 1, T, T_cache + T)`` with padding. Positions are
+        ``(T,)``, or ``(B, T)`` counted from each row's first real token.
+        """
+        time, device, window = idx.shape[1], idx.device, self.config.window
+        mask: Tensor | None = None
+        positions = torch.arange(past, past + time, device=device)  # (T,)
+        if window is not None and window < past + time:
+            mask = sliding_window_mask(time, past + time, window=window,
+                                       device=device)  # (T, past+T)
+        elif attention_mask is not None or past:
+            mask = causal_mask(time, past + time, device=device)  # (T, past+T)
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(device)
+            # Each row's positions count from its first real token (left padding).
+            positions = positions_from_attention_mask(attention_mask)[:, past:]  # (B, T)
+            assert mask is not None  # made above: padding always needs a mask
+            mask = mask & attention_mask[:, None, None, :]  # (B, 1, T, past+T): no pad key
+        return mask, positions
+
+    def _embed(self, idx: Tensor, positions: Tensor) -> Tensor:
+        """Token embeddings ``(B, T, D)`` plus the position table's rows, if the model has one."""
+        x = self.embed(idx)  # (B, T, D)
+        if self.pos is not None:
+            return x + self.pos(positions)  # (B, T, D) + ((B,) T, D)
+        if self.pos_table is not None:
+            return x + self.pos_table[positions].to(x.dtype)  # (B, T, D) + ((B,) T, D)
+        return x  # RoPE: positions enter inside attention
+
+    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
+        """RoPE's ``(cos, sin)`` at ``positions``, shaped to broadcast over the heads."""
+        if self.config.pos_encoding != "rope":
+            return None
+        c = self.config
+        cos, sin = rope_cos_sin(positions, c.d_model // c.n_heads,
+                                dtype=_angle_dtype(self.embed.weight.dtype))  # (.., T, hd/2)
+        if positions.dim() == 2:  # one row of positions per sequence
+            cos, sin = cos[:, None], sin[:, None]  # (B, T, hd/2) -> (B, 1, T, hd/2)
+        return cos, sin
 
     def _check_forward(self, idx: object, targets: object, attention_mask: object,
                        caches: object) -> int:

@@ -120,6 +120,11 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         raise ValueError(f"cos of shape {tuple(cos.shape)} does not fit x of shape "
                          f"{tuple(x.shape)}: expected (..., T={x.shape[-2]}, "
                          f"head_dim / 2={x.shape[-1] // 2}) broadcastable to x")
+    return _rotate(x, cos, sin)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """:func:`apply_rotary` without its checks, for models that checked at their boundary."""
     work = _angle_dtype(x.dtype)
     pairs = x.to(work).unflatten(-1, (-1, 2))  # (..., T, head_dim) -> (..., T, head_dim / 2, 2)
     first, second = pairs[..., 0], pairs[..., 1]  # each (..., T, head_dim / 2)
