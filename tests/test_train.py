@@ -209,7 +209,8 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
 
 def written_before_the_renames(checkpoint: dict) -> dict:
     """``checkpoint`` as the trainer wrote it before issue 17 renamed the model's names:
-    ``n_layer``/``n_head`` in its config, ``tok_emb``/``pos_emb``/``ln_f`` in its weights."""
+    ``n_layer``/``n_head`` in its config, ``tok_emb``/``pos_emb``/``ln_f`` in its weights,
+    and without the config fields added since (``pos_encoding``, ``n_kv_heads``, ``window``)."""
     config_keys = {"n_layers": "n_layer", "n_heads": "n_head"}
     prefixes = {"embed.": "tok_emb.", "pos.": "pos_emb.", "norm.": "ln_f."}
 
@@ -219,7 +220,8 @@ def written_before_the_renames(checkpoint: dict) -> dict:
 
     return {**checkpoint,
             "model_config": {config_keys.get(k, k): v for k, v in
-                             checkpoint["model_config"].items()},
+                             checkpoint["model_config"].items()
+                             if k not in ("pos_encoding", "n_kv_heads", "window")},
             "model": {old_name(k): v for k, v in checkpoint["model"].items()}}
 
 

@@ -67,7 +67,12 @@ def _with_todays_names(checkpoint: dict[str, Any]) -> dict[str, Any]:
     config, weights = checkpoint.get("model_config"), checkpoint.get("model")
     if isinstance(config, dict):
         keys = OLD_NAMES["model_config"]
-        upgraded["model_config"] = {keys.get(key, key): value for key, value in config.items()}
+        # Fields GPTConfig gained after a checkpoint was written take their defaults,
+        # which are the behaviour of the model that wrote it.
+        added = {f.name: f.default for f in dataclasses.fields(GPTConfig)
+                 if f.default is not dataclasses.MISSING}
+        upgraded["model_config"] = {**added, **{keys.get(key, key): value
+                                                for key, value in config.items()}}
     if isinstance(weights, dict):
         upgraded["model"] = {_renamed(key, OLD_NAMES["model"]): value
                              for key, value in weights.items()}
