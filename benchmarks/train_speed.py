@@ -1,4 +1,4 @@
-"""Training speed of MiniGPT: manual vs fused (sdpa) attention, eager vs compiled (chapter 8).
+"""Training speed of MiniGPT: manual vs fused (sdpa) attention, eager vs compiled (chapter 11).
 
 Two measurements, both printed with ratios taken in the same run:
 

@@ -1,4 +1,4 @@
-"""Chapter 8 data: tokenizer, corpus, batches, the on-request download and the synthetic task."""
+"""Chapter 11 data: tokenizer, corpus, batches, the on-request download and the synthetic task."""
 
 from __future__ import annotations
 

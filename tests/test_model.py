@@ -1,4 +1,4 @@
-"""Chapter 8: MiniGPT (forward, causality, padding, KV-cache decoding, sampling, bad inputs)."""
+"""Chapter 11: MiniGPT (forward, causality, padding, KV-cache decoding, sampling, bad inputs)."""
 
 from __future__ import annotations
 

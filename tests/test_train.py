@@ -1,4 +1,4 @@
-"""Chapter 8 trainer: schedule, loop, checkpoints, exact resume and the CLI."""
+"""Chapter 11 trainer: schedule, loop, checkpoints, exact resume and the CLI."""
 
 from __future__ import annotations
 

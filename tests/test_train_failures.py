@@ -1,4 +1,4 @@
-"""Chapter 8 trainer under faults: no lost work, and every failure explained (issue 18).
+"""Chapter 11 trainer under faults: no lost work, and every failure explained (issue 18).
 
 Files that must not be overwritten, outputs checked before training, runs that
 diverge, resumes that would silently change the run, garbage checkpoints and

@@ -1,4 +1,4 @@
-"""The files a training run writes (chapter 8), written so that no work is ever lost.
+"""The files a training run writes (chapter 11), written so that no work is ever lost.
 
 A run writes a checkpoint (``--out``, see :mod:`course_attn.checkpoint`) and
 a metrics JSON (``--metrics-out``). Before any training, :func:`check_output_path`

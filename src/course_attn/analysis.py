@@ -1,4 +1,4 @@
-"""Chapter 8: scores that say what an attention head does.
+"""Chapter 11: scores that say what an attention head does.
 
 Given a head's weights, :func:`offset_attention_score` measures how much a
 query looks a fixed number of positions back (a previous-token head, or the
@@ -103,7 +103,7 @@ def induction_attention_score(
     (two keys that drew the same value) has an earlier copy too, yet the next
     token is the next key, not what followed that copy. Scored over all
     queries, a perfect recall head scores only about 0.5 there; pass
-    ``queries=task.key_positions`` (Chapter 8).
+    ``queries=task.key_positions`` (Chapter 11).
     """
     if not isinstance(tokens, Tensor):
         raise TypeError(f"tokens must be a tensor (B, T) of token ids, got "

@@ -1,4 +1,4 @@
-"""The checkpoint format of chapter 8's trainer: what a checkpoint holds, written and read.
+"""The checkpoint format of chapter 11's trainer: what a checkpoint holds, written and read.
 
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts,
 read back with ``torch.load(weights_only=True)`` (a file that holds any other

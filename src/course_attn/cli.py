@@ -1,4 +1,4 @@
-"""The command line of chapter 8's trainer, ``python -m course_attn.train``.
+"""The command line of chapter 11's trainer, ``python -m course_attn.train``.
 
 The flags that override a preset are the fields of
 :class:`~course_attn.model.GPTConfig` and :class:`~course_attn.train.TrainConfig`
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m course_attn.train``."""
     parser = argparse.ArgumentParser(
         prog="python -m course_attn.train",
-        description="Train the course's MiniGPT (chapter 8) on a text file, on the offline "
+        description="Train the course's MiniGPT (chapter 11) on a text file, on the offline "
                     "default corpus (Python standard-library sources) or on a synthetic task.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group()

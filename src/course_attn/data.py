@@ -1,4 +1,4 @@
-"""Text data for the mini-Transformer (chapter 8): characters in, token ids out.
+"""Text data for the mini-Transformer (chapter 11): characters in, token ids out.
 
 Everything here works offline. The default corpus is the Python standard
 library's own source code (a fixed list of modules, read in a fixed order from
@@ -65,7 +65,7 @@ TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca
 
 
 class CharTokenizer:
-    """Character-level tokenizer: one token id per distinct character (chapter 8).
+    """Character-level tokenizer: one token id per distinct character (chapter 11).
 
     The vocabulary is the sorted set of characters of the text it was built
     from, so the same text always gives the same ids. ``encode`` refuses a
@@ -280,7 +280,7 @@ def to_device(tensor: Tensor, device: torch.device | str) -> Tensor:
 
 @dataclass(frozen=True, eq=False)
 class CharCorpus:
-    """A text, its tokenizer and its 90/10 train/validation token tensors (chapter 8)."""
+    """A text, its tokenizer and its 90/10 train/validation token tensors (chapter 11)."""
 
     tokenizer: CharTokenizer
     train_data: Tensor

@@ -856,7 +856,7 @@ def encoder_decoder_flow(n_layers: int = 2) -> Figure:
 def kv_cache_steps(steps: int = 4) -> Figure:
     """Decoding with a KV cache, step by step: at step t only the new token's q, k and v are computed, k and v are appended to the cache (T_cache = t) and the one query attends to every cached key, while decoding without the cache recomputes all t queries, keys and values and the whole causal score triangle.
 
-    Chapter 7 (the KV cache) and Chapter 8 (generation). ``steps`` (1 to 5) is the number
+    Chapter 7 (the KV cache) and Chapter 11 (generation). ``steps`` (1 to 5) is the number
     of steps drawn. In each panel the queries are on the left, the keys on top, the values
     on the right and the scores (queries x keys) in the middle.
     """  # noqa: E501

@@ -1,4 +1,4 @@
-"""What the processors can do (chapter 8): GPUs' peak FLOP/s, and this CPU's measured speed.
+"""What the processors can do (chapter 11): GPUs' peak FLOP/s, and this CPU's measured speed.
 
 The peak is the denominator of MFU, model FLOPs utilisation, the share of
 the peak that training achieves; the CPU's speed tells what a preset would

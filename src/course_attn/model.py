@@ -1,4 +1,4 @@
-"""Chapter 8: MiniGPT, a decoder-only Transformer small enough to read in one sitting.
+"""Chapter 11: MiniGPT, a decoder-only Transformer small enough to read in one sitting.
 
 Token ids -> token embedding + learned position embedding -> ``n_layers``
 pre-norm causal Transformer blocks (chapter 7) -> final LayerNorm -> a linear
@@ -54,7 +54,7 @@ POS_ENCODINGS = ("learned", "sinusoidal", "rope")
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Sizes of a :class:`MiniGPT` (chapter 8).
+    """Sizes of a :class:`MiniGPT` (chapter 11).
 
     ``vocab_size`` V token ids, contexts of at most ``block_size`` tokens,
     ``n_layers`` blocks of ``n_heads`` heads over a width ``d_model``
@@ -63,7 +63,7 @@ class GPTConfig:
     attention path (one of ``ATTENTION_IMPLS``). ``init_std``
     is the standard deviation of the initial weights: GPT-2's 0.02 suits
     widths of hundreds; a narrow model (width 64) learns some two-layer
-    circuits far sooner from a larger start such as 0.1 (chapter 8).
+    circuits far sooner from a larger start such as 0.1 (chapter 11).
 
     Modern variants, each off by default: ``pos_encoding`` is one of
     ``POS_ENCODINGS`` (``"rope"`` needs an even ``head_dim``); ``n_kv_heads``
@@ -124,7 +124,7 @@ def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 class MiniGPT(nn.Module):
-    """A GPT-style language model built from the course's blocks (chapter 8).
+    """A GPT-style language model built from the course's blocks (chapter 11).
 
     ``forward(idx (B, T), targets=None (B, T), *, attention_mask=None (B, T))``
     returns ``(logits (B, T, V), loss or None)``; ``generate`` continues prompts.
@@ -176,7 +176,7 @@ class MiniGPT(nn.Module):
         return total
 
     def flops_per_token(self) -> int:
-        """Floating-point operations to train on one token: forward and backward (chapter 8).
+        """Floating-point operations to train on one token: forward and backward (chapter 11).
 
         The estimate of the PaLM paper that nanoGPT uses: ``6 N`` for the weights
         (2 per weight forward, 4 backward) plus ``12 L T D`` for the attention
@@ -313,7 +313,7 @@ class MiniGPT(nn.Module):
 
     @torch.no_grad()
     def attention_maps(self, idx: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
-        """Attention weights of every head of every block: ``(L, B, H, T, T)`` (chapter 8).
+        """Attention weights of every head of every block: ``(L, B, H, T, T)`` (chapter 11).
 
         Runs the model once (in eval mode) with the manual attention path.
         """

@@ -1,4 +1,4 @@
-"""The trainer's two presets (chapter 8), and the check that a preset suits the machine.
+"""The trainer's two presets (chapter 11), and the check that a preset suits the machine.
 
 ``gpu`` is nanoGPT's "baby GPT" on Tiny Shakespeare (val loss 1.47 in about
 3 minutes on one A100); ``cpu`` is its laptop recipe (4 layers, 4 heads,
@@ -29,7 +29,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def check_preset_device(preset: str, device: torch.device | str, *, vocab_size: int = 65,
                         cpu_flops: float | None = None) -> None:
-    """Refuse to start the ``gpu`` preset on a CPU, saying what it would cost (chapter 8).
+    """Refuse to start the ``gpu`` preset on a CPU, saying what it would cost (chapter 11).
 
     The estimate is :meth:`MiniGPT.flops_per_token` times the tokens of the
     whole run, over this CPU's measured matrix-multiply speed (``cpu_flops``,

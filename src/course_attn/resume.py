@@ -1,4 +1,4 @@
-"""Resuming a training run (chapter 8): a resumed run must be the same run.
+"""Resuming a training run (chapter 11): a resumed run must be the same run.
 
 :func:`check_resume` compares a checkpoint with the run that would continue
 it and names every difference: another model, other settings beyond those in

@@ -1,4 +1,4 @@
-"""Synthetic sequence tasks whose best achievable loss is known exactly (chapter 8).
+"""Synthetic sequence tasks whose best achievable loss is known exactly (chapter 11).
 
 A language model trained on real text never tells you how far it is from the
 best possible loss. These tasks do: the data are generated in code, and

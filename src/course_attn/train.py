@@ -1,4 +1,4 @@
-"""Chapter 8: the training loop, ``train()``, and its settings and result.
+"""Chapter 11: the training loop, ``train()``, and its settings and result.
 
 nanoGPT's recipe, written for reading: AdamW (weight decay on matrices only),
 linear warmup then cosine decay of the learning rate, gradient clipping,
@@ -85,7 +85,7 @@ class BatchSource(Protocol):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How to train (chapter 8). Model sizes live in :class:`~course_attn.model.GPTConfig`.
+    """How to train (chapter 11). Model sizes live in :class:`~course_attn.model.GPTConfig`.
 
     The learning rate rises linearly to ``lr`` over ``warmup_iters``, then
     follows a cosine down to ``min_lr`` (default ``lr / 10``) at
@@ -159,7 +159,7 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    """What a run produced: loss history, final losses and speed (chapter 8)."""
+    """What a run produced: loss history, final losses and speed (chapter 11)."""
 
     train_losses: list[float] = field(default_factory=list)  # one per iteration
     eval_iters: list[int] = field(default_factory=list)  # iterations at which we evaluated
@@ -251,14 +251,14 @@ def _make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device
               {"params": no_decay, "weight_decay": 0.0}]
     # Fused on CUDA: one kernel for all tensors, and the fp16 scaler's checks without a sync.
     # Not on the CPU: there it saves only ~4 %, and its vectorised kernel rounds differently
-    # with AVX-512 and without, which changed chapter 8's trained text on other CPUs.
+    # with AVX-512 and without, which changed chapter 11's trained text on other CPUs.
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
                              fused=device.type == "cuda")
 
 
 def amp_dtype(device: torch.device | str, *, amp: bool = True,
               bf16_native: bool | None = None) -> torch.dtype | None:
-    """The autocast dtype for training on ``device``, or ``None`` for plain float32 (chapter 8).
+    """The autocast dtype for training on ``device``, or ``None`` for plain float32 (chapter 11).
 
     * CUDA with native bfloat16 (compute capability 8.0 and newer: A100, H100,
       RTX 30xx and later): ``torch.bfloat16``. It has float32's range, so it
@@ -327,7 +327,7 @@ def estimate_loss(model: nn.Module, data: BatchSource, config: TrainConfig, *,
 
 
 class TrainingDiverged(ValueError):
-    """Training stopped because a loss (or the weights) stopped being finite (chapter 8).
+    """Training stopped because a loss (or the weights) stopped being finite (chapter 11).
 
     Raised by :func:`train` at the first non-finite training loss, found when
     the losses are read back from the device (every ``log_interval``
