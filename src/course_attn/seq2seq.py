@@ -165,7 +165,7 @@ class Seq2SeqTask:
         return batch if device is None else batch.to(device)
 
 
-def _real_first(src_attention_mask: Tensor) -> Tensor:
+def _lengths(src_attention_mask: Tensor) -> Tensor:
     """Lengths ``(B,)`` of right-padded rows."""
     return src_attention_mask.sum(dim=1)
 
@@ -179,7 +179,7 @@ class ReverseTask(Seq2SeqTask):
     """
 
     def answer(self, src: Tensor, src_attention_mask: Tensor) -> Tensor:
-        lengths = _real_first(src_attention_mask)  # (B,)
+        lengths = _lengths(src_attention_mask)  # (B,)
         index = (lengths[:, None] - 1 - torch.arange(src.shape[1])).clamp(min=0)  # (B, T_s)
         return src.gather(1, index).masked_fill(~src_attention_mask, PAD)
 
