@@ -49,6 +49,16 @@ from .measure import block_gradient_norms, decode_step_seconds
 from .model import POS_ENCODINGS, GPTConfig, MiniGPT
 from .rope import apply_rope, apply_rotary, rope_cos_sin, sinusoid_angles
 from .self_attention import SelfAttention, simple_self_attention
+from .seq2seq import (
+    ReverseTask,
+    Seq2SeqBatch,
+    Seq2SeqTask,
+    SortTask,
+    exact_match,
+    exact_match_accuracy,
+    greedy_answers,
+    seq2seq_loss,
+)
 from .sliding_window import RollingKVCache, sliding_window_attention, sliding_window_mask
 from .softmax import attention_pool, softmax
 from .tasks import CopyTask, RecallTask
@@ -125,6 +135,15 @@ __all__ = [
     "sliding_window_attention",
     "sliding_window_mask",
     "POS_ENCODINGS",
+    # issue 16, training the encoder-decoder
+    "ReverseTask",
+    "Seq2SeqBatch",
+    "Seq2SeqTask",
+    "SortTask",
+    "exact_match",
+    "exact_match_accuracy",
+    "greedy_answers",
+    "seq2seq_loss",
 ]
 
 

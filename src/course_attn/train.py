@@ -9,6 +9,12 @@ blocking, and losses are read back only every ``log_interval`` iterations.
 A run stops at its first non-finite loss (:class:`TrainingDiverged`) with the
 last good checkpoint kept.
 
+One loop trains both kinds of model: a :class:`~course_attn.model.MiniGPT` on
+next-token batches (text or a synthetic task), and an
+:class:`~course_attn.encoder_decoder.EncoderDecoder` on a
+:class:`~course_attn.seq2seq.Seq2SeqTask` (chapter 7). What differs is only
+how a batch is drawn and how its loss is computed (``_Objective``).
+
 The trainer's other jobs live beside it, and their public names are
 importable from here too: the checkpoint format (:mod:`course_attn.checkpoint`),
 the rules of resuming (:mod:`course_attn.resume`), the presets and the
@@ -25,7 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn as nn
@@ -44,12 +50,14 @@ from .checkpoint import (
     save_checkpoint,
     training_state,
 )
+from .encoder_decoder import EncoderDecoder
 from .env import pick_device
 from .hardware import GPU_PEAK_FLOPS, gpu_peak_flops
 from .model import MiniGPT
 from .presets import PRESETS, check_preset_device
 from .resume import RESUME_MAY_CHANGE as RESUME_MAY_CHANGE  # re-exported
 from .resume import check_resume
+from .seq2seq import Seq2SeqTask, seq2seq_loss
 
 __all__ = [
     "GPU_PEAK_FLOPS",
@@ -81,6 +89,75 @@ class BatchSource(Protocol):
     def get_batch(self, split: str, batch_size: int, block_size: int, *,
                   generator: torch.Generator | None = None,
                   device: torch.device | str | None = None) -> tuple[Tensor, Tensor]: ...
+
+
+class _Objective(NamedTuple):
+    """What one kind of model trains on: how to draw a batch, and the model's loss on it."""
+
+    #: ``(split, generator, device) -> batch``, the batch on ``device``.
+    batch: Callable[[str, torch.Generator, torch.device], Any]
+    #: ``(model or its compiled wrapper, batch) -> scalar loss``.
+    loss: Callable[[Callable[..., Any], Any], Tensor]
+    #: Token positions per batch (padding included), for ``tokens_per_s``.
+    tokens_per_batch: int
+
+
+def _objective(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
+               batch_size: int) -> _Objective:
+    """The batches and loss of ``model`` on ``data`` (checked by :func:`_check_model_and_data`)."""
+    if isinstance(model, EncoderDecoder):
+        assert isinstance(data, Seq2SeqTask)
+        task = data
+
+        def seq2seq_batch(split: str, generator: torch.Generator, device: torch.device) -> Any:
+            return task.get_batch(split, batch_size, generator=generator, device=device)
+
+        return _Objective(seq2seq_batch, seq2seq_loss,
+                          batch_size * (task.src_len + task.tgt_len))
+    assert not isinstance(data, Seq2SeqTask)
+    source, block_size = data, model.config.block_size
+
+    def next_token_batch(split: str, generator: torch.Generator, device: torch.device) -> Any:
+        return source.get_batch(split, batch_size, block_size, generator=generator,
+                                device=device)  # (x, y), (B, T) each
+
+    def gpt_loss(step_model: Callable[..., Any], batch: Any) -> Tensor:
+        _, loss = step_model(*batch)
+        return loss
+
+    return _Objective(next_token_batch, gpt_loss, batch_size * block_size)
+
+
+def _check_model_and_data(model: object, data: object) -> None:
+    """A MiniGPT with next-token batches, or an EncoderDecoder with a Seq2SeqTask that fits it."""
+    if isinstance(model, EncoderDecoder):
+        if not isinstance(data, Seq2SeqTask):
+            raise TypeError(f"data must be a Seq2SeqTask (e.g. a ReverseTask) to train an "
+                            f"EncoderDecoder, got {type(data).__name__}")
+        c = model.config
+        if data.vocab_size > min(c.src_vocab_size, c.tgt_vocab_size):
+            raise ValueError(f"data has vocab_size {data.vocab_size}, more than the model's "
+                             f"src_vocab_size={c.src_vocab_size} or "
+                             f"tgt_vocab_size={c.tgt_vocab_size}")
+        if data.tgt_len > c.max_len:
+            raise ValueError(f"data needs {data.tgt_len} target positions (max_len + 1), more "
+                             f"than the model's max_len={c.max_len}")
+        return
+    if not isinstance(model, MiniGPT):
+        raise TypeError(f"model must be a MiniGPT or an EncoderDecoder, got "
+                        f"{type(model).__name__}")
+    if isinstance(data, Seq2SeqTask):
+        raise TypeError(f"data: a {type(data).__name__} trains an EncoderDecoder, not a "
+                        f"MiniGPT; give a CharCorpus or a next-token task")
+    if not hasattr(data, "get_batch"):
+        raise TypeError(f"data must provide get_batch(split, batch_size, block_size, ...) "
+                        f"(a CharCorpus or a task), got {type(data).__name__}")
+
+
+def _num_parameters(model: MiniGPT | EncoderDecoder) -> int:
+    if isinstance(model, MiniGPT):
+        return model.num_parameters()
+    return sum(p.numel() for p in model.parameters())
 
 
 @dataclass(frozen=True)
@@ -289,26 +366,24 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 @torch.no_grad()
-def estimate_loss(model: nn.Module, data: BatchSource, config: TrainConfig, *,
+def estimate_loss(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
+                  config: TrainConfig, *,
                   device: torch.device | str | None = None) -> dict[str, float]:
     """Mean loss over ``config.eval_iters`` batches of each split, in eval mode.
 
     The batches come from generators seeded afresh at every call (``config.seed
     + 1`` for train, ``+ 2`` for val), so every evaluation sees the same batches,
     the two splits of a synthetic task are different draws, and the training
-    run's random state is never disturbed.
+    run's random state is never disturbed. ``model`` is a :class:`MiniGPT` with
+    next-token data, or an :class:`EncoderDecoder` with a :class:`Seq2SeqTask`.
     """
-    if not isinstance(model, MiniGPT):
-        raise TypeError(f"model must be a MiniGPT, got {type(model).__name__}")
-    if not hasattr(data, "get_batch"):
-        raise TypeError(f"data must provide get_batch(split, batch_size, block_size, ...) "
-                        f"(a CharCorpus or a task), got {type(data).__name__}")
+    _check_model_and_data(model, data)
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     device = (check_device(device, "device", allow_none=False) if device is not None
               else next(model.parameters()).device)
     dtype = amp_dtype(device, amp=config.amp)
-    block_size = model.config.block_size
+    objective = _objective(model, data, config.batch_size)
     was_training = model.training
     model.eval()
     out = {}
@@ -316,10 +391,9 @@ def estimate_loss(model: nn.Module, data: BatchSource, config: TrainConfig, *,
         generator = torch.Generator().manual_seed(config.seed + offset)
         losses = []
         for _ in range(config.eval_iters):
-            x, y = data.get_batch(split, config.batch_size, block_size, generator=generator,
-                                  device=device)
+            batch = objective.batch(split, generator, device)
             with _autocast(device, dtype):
-                _, loss = model(x, y)
+                loss = objective.loss(model, batch)
             losses.append(loss.float())
         out[split] = torch.stack(losses).mean().item()  # one read-back per split
     model.train(was_training)
@@ -374,7 +448,8 @@ def _weights_finite(model: nn.Module) -> bool:
 class _Run:
     """One call of :func:`train`: its moving parts, and the steps of its loop as methods."""
 
-    def __init__(self, model: MiniGPT, data: BatchSource, config: TrainConfig, *,
+    def __init__(self, model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
+                 config: TrainConfig, *,
                  checkpoint_path: str | os.PathLike[str] | None, meta: dict[str, Any]) -> None:
         self.model, self.data, self.config = model, data, config
         self.checkpoint_path, self.meta = checkpoint_path, meta
@@ -386,7 +461,8 @@ class _Run:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.generator = torch.Generator().manual_seed(config.seed)  # data order (CPU, saveable)
         torch.manual_seed(config.seed)  # dropout
-        self.result = TrainResult(n_params=model.num_parameters(), device=str(self.device))
+        self.objective = _objective(model, data, config.batch_size)
+        self.result = TrainResult(n_params=_num_parameters(model), device=str(self.device))
         self.start = 0  # the first iteration: 0, or the checkpoint's when resuming
         self.pending: list[Tensor] = []  # this stretch's losses, still on the device
         self.saved_iter: int | None = None  # the last checkpoint this run wrote
@@ -433,10 +509,9 @@ class _Run:
         config, optimizer, scaler = self.config, self.optimizer, self.scaler
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(it, config)
-        x, y = self.data.get_batch("train", config.batch_size, self.model.config.block_size,
-                                   generator=self.generator, device=self.device)  # (B, T) each
+        batch = self.objective.batch("train", self.generator, self.device)
         with _autocast(self.device, self.dtype):
-            _, loss = step_model(x, y)
+            loss = self.objective.loss(step_model, batch)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         if config.grad_clip > 0:
@@ -486,6 +561,7 @@ class _Run:
             raise self._diverged(done, float("nan"),
                                  f"the weights after iteration {done} are not all finite")
         history = {name: getattr(self.result, name) for name in HISTORY}
+        assert isinstance(self.model, MiniGPT)  # train() refuses checkpoints for the others
         checkpoint = training_state(
             model=self.model, train_config=dataclasses.asdict(self.config),
             optimizer=self.optimizer, scaler=self.scaler, generator=self.generator,
@@ -498,9 +574,8 @@ class _Run:
         self.bar.close()
         self.result.elapsed_s = time.perf_counter() - self.t_start
         if self.timed_iters:
-            block_size = self.model.config.block_size
             self.result.ms_per_iter = 1000.0 * self.train_seconds / self.timed_iters
-            self.result.tokens_per_s = (self.config.batch_size * block_size * self.timed_iters
+            self.result.tokens_per_s = (self.objective.tokens_per_batch * self.timed_iters
                                         / self.train_seconds)
 
     def _diverged(self, iteration: int, value: float, what: str) -> TrainingDiverged:
@@ -521,13 +596,9 @@ class _Run:
 
 def _check_train_arguments(model: object, data: object, config: object, meta: object,
                            resume_from: object) -> None:
-    if not isinstance(model, MiniGPT):
-        raise TypeError(f"model must be a MiniGPT, got {type(model).__name__}")
+    _check_model_and_data(model, data)
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    if not hasattr(data, "get_batch"):
-        raise TypeError(f"data must provide get_batch(split, batch_size, block_size, ...) "
-                        f"(a CharCorpus or a task), got {type(data).__name__}")
     if meta is not None and not isinstance(meta, dict):
         raise TypeError(f"meta must be a dict of plain data or None, got {type(meta).__name__}")
     if meta is not None and not is_plain(meta):
@@ -538,11 +609,31 @@ def _check_train_arguments(model: object, data: object, config: object, meta: ob
                         f"{type(resume_from).__name__}")
 
 
-def train(model: MiniGPT, data: BatchSource, config: TrainConfig, *,
+def _refuse_checkpoints(model: object, checkpoint_path: object, resume_from: object) -> None:
+    # The checkpoint format (checkpoint.py) and model_from_checkpoint know only MiniGPT.
+    if not isinstance(model, EncoderDecoder):
+        return
+    for name, value in (("checkpoint_path", checkpoint_path), ("resume_from", resume_from)):
+        if value is not None:
+            raise ValueError(f"{name} must be None for an EncoderDecoder: checkpoints and "
+                             f"resuming cover only the MiniGPT so far, got {value!r}")
+
+
+def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
+          config: TrainConfig, *,
           checkpoint_path: str | os.PathLike[str] | None = None,
           resume_from: dict[str, Any] | str | os.PathLike[str] | None = None,
           meta: dict[str, Any] | None = None) -> TrainResult:
     """Train ``model`` on batches from ``data`` for ``config.max_iters`` iterations.
+
+    ``model`` is a :class:`MiniGPT` with next-token ``data`` (a
+    :class:`~course_attn.data.CharCorpus` or a task of :mod:`course_attn.tasks`),
+    or an :class:`EncoderDecoder` with a :class:`~course_attn.seq2seq.Seq2SeqTask`
+    whose vocabulary and lengths fit it; its loss is
+    :func:`~course_attn.seq2seq.seq2seq_loss`, and ``tokens_per_s`` counts its
+    source and target positions, padding included. Checkpoints
+    (``checkpoint_path``, ``resume_from``) are for the MiniGPT only; for an
+    EncoderDecoder they are a ``ValueError``.
 
     ``checkpoint_path`` saves a checkpoint after every evaluation and at the
     end; it is checked before training starts (a folder, a missing or
@@ -570,6 +661,7 @@ def train(model: MiniGPT, data: BatchSource, config: TrainConfig, *,
     are checked before every save).
     """
     _check_train_arguments(model, data, config, meta, resume_from)
+    _refuse_checkpoints(model, checkpoint_path, resume_from)
     meta = dict(meta or {})
     checkpoint = None
     if resume_from is not None:
