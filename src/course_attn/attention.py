@@ -1,9 +1,10 @@
 """Chapter 4: scaled dot-product attention, the manual path and the fused one.
 
 ``scaled_dot_product_attention`` is the readable reference: every step is a
-line you can print. ``attention`` is the one switch between it and PyTorch's
-fused ``torch.nn.functional.scaled_dot_product_attention``; the tests prove
-the two agree (outputs, gradients, masks).
+line you can print. ``attention`` is the one switch between it, PyTorch's
+fused ``torch.nn.functional.scaled_dot_product_attention`` and the course's own
+tiled kernel (``course_attn.tiled``, the chapter on efficient attention); the
+tests prove that they agree (outputs, gradients, masks).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .masks import causal_mask
 
 __all__ = ["ATTENTION_IMPLS", "attention", "scaled_dot_product_attention"]
 
-ATTENTION_IMPLS = ("manual", "sdpa")
+ATTENTION_IMPLS = ("manual", "sdpa", "tiled")
 
 
 def _check_qkv(q: object, k: object, v: object) -> tuple[Tensor, Tensor, Tensor]:
@@ -155,12 +156,16 @@ def attention(
     dropout_p: float = 0.0,
     impl: str = "manual",
 ) -> tuple[Tensor, Tensor | None]:
-    """The one place that chooses between the manual and the fused attention path.
+    """The one place that chooses between the manual, the fused and the tiled attention path.
 
     Same arguments and semantics as :func:`scaled_dot_product_attention`; ``impl``
-    is ``"manual"`` (returns the weights) or ``"sdpa"`` (PyTorch's fused kernel,
+    is ``"manual"`` (returns the weights), ``"sdpa"`` (PyTorch's fused kernel,
     faster and lighter on memory, returns ``None`` for the weights, which it
-    never materialises).
+    never materialises) or ``"tiled"`` (:func:`course_attn.tiled.tiled_attention`
+    with its default blocks: the FlashAttention algorithm written in torch, exact
+    and ``O(T)`` in memory but slow, a model of the kernel; also ``None`` for the
+    weights; dropout by a position hash, so its random mask differs from the
+    other paths' for the same seed).
 
     On the fused path, plain causal self-attention (``is_causal=True``, no other
     mask, ``T_q == T_k``) is passed to PyTorch as ``is_causal=True`` with no mask
@@ -177,6 +182,12 @@ def attention(
     if impl == "manual":
         return scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
                                             dropout_p=dropout_p)
+    if impl == "tiled":
+        from .tiled import tiled_attention  # tiled imports this module's checks
+
+        out = tiled_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
+                              dropout_p=dropout_p)  # (..., T_q, d_v)
+        return out, None
     q, k, v = _check_qkv(q, k, v)
     mask, scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
     if is_causal and mask is None and q.shape[-2] == k.shape[-2]:
