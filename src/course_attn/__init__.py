@@ -38,6 +38,7 @@ from .model import GPTConfig, MiniGPT
 from .self_attention import SelfAttention, simple_self_attention
 from .softmax import attention_pool, softmax
 from .tasks import CopyTask, RecallTask, induction_attention_score, offset_attention_score
+from .tiled import SoftmaxState, merge_softmax_states, online_softmax, tiled_attention
 
 __version__ = "0.1.0"
 
@@ -89,6 +90,10 @@ __all__ = [
     "seed_everything",
     "simple_self_attention",
     "softmax",
+    "SoftmaxState",
+    "merge_softmax_states",
+    "online_softmax",
+    "tiled_attention",
 ]
 
 
