@@ -39,6 +39,7 @@ from course_attn import (
     attention,
     attention_pool,
     block_gradient_norms,
+    block_grid,
     causal_mask,
     combine_masks,
     decode_step_seconds,
@@ -433,6 +434,11 @@ case("viz.plot_heads", "axes", ValueError, lambda: viz.plot_heads(W2[None], axes
 case("viz.plot_heatmap", "matrix", TypeError, lambda: viz.plot_heatmap(None))
 case("viz.plot_heatmap", "matrix", ValueError, lambda: viz.plot_heatmap(torch.ones(2, 2, 2)))
 case("viz.plot_heatmap", "ax", TypeError, lambda: viz.plot_heatmap(W2, ax="ax"))
+case("block_grid", "t_q", TypeError, lambda: block_grid(4.0, 4, 2, 2))
+case("block_grid", "block_q", ValueError, lambda: block_grid(4, 4, 0, 2))
+case("viz.plot_blocks", "grid", TypeError, lambda: viz.plot_blocks("grid"))
+case("viz.plot_blocks", "block_k", ValueError,
+     lambda: viz.plot_blocks(torch.zeros(2, 2), block_k=-1))
 case("tiled_attention", "block_q", TypeError, lambda: tiled_attention(Q, Q, Q, block_q=2.0))
 case("tiled_attention", "block_k", ValueError, lambda: tiled_attention(Q, Q, Q, block_k=0))
 case("tiled_attention", "dropout_p", ValueError, lambda: tiled_attention(Q, Q, Q, dropout_p=1))

@@ -348,3 +348,52 @@ def test_the_trainer_runs_on_the_tiled_path():
     assert_close(torch.tensor(results[1].train_losses), torch.tensor(results[0].train_losses),
                  atol=1e-5, rtol=1e-5)
     assert results[1].eval_iters == [2, 4]
+
+
+# ------------------------------------------------------------------- the block grid
+def test_block_grid_marks_skipped_partial_and_full_blocks():
+    from course_attn.tiled import block_grid
+
+    grid = block_grid(10, 10, 4, 4, is_causal=True)
+    assert grid.tolist() == [[1, 0, 0], [2, 1, 0], [2, 2, 1]]
+    assert block_grid(10, 10, 4, 4).tolist() == [[2] * 3] * 3
+    assert block_grid(3, 9, 2, 4, is_causal=True).tolist() == [[2, 1, 0], [2, 2, 2]]
+    # it is the schedule the kernel runs: the computed blocks are the visited ones
+    for t_q, t_k, bq, bk in ((16, 16, 4, 4), (7, 12, 3, 5), (12, 5, 5, 2)):
+        computed = (block_grid(t_q, t_k, bq, bk, is_causal=True) > 0).sum().item()
+        assert computed == sum(1 for _ in _blocks_visited(t_q, t_k, bq, bk))
+    with pytest.raises(ValueError, match="block_k"):
+        block_grid(4, 4, 2, 0)
+    with pytest.raises(TypeError, match="is_causal"):
+        block_grid(4, 4, 2, 2, is_causal=1)
+
+
+def _blocks_visited(t_q, t_k, block_q, block_k):
+    import course_attn.tiled as tiled
+
+    return tiled._blocks(t_q, t_k, block_q, block_k, t_k - t_q)
+
+
+def test_plot_blocks_draws_the_grid_with_a_legend():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course_attn import viz
+    from course_attn.tiled import block_grid
+
+    grid = block_grid(96, 96, 32, 16, is_causal=True)
+    ax = viz.plot_blocks(grid, block_q=32, block_k=16, title="t")
+    image = ax.get_images()[0].get_array()
+    assert image.shape == (3, 6) and (image == grid.numpy()).all()
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == [
+        "skipped", "computed, partly masked", "computed in full"]
+    assert ax.get_xticklabels()[-1].get_text() == "80" and ax.get_title() == "t"
+    plt.close("all")
+    with pytest.raises(ValueError, match="grid must hold only"):
+        viz.plot_blocks(torch.full((2, 2), 3))
+    with pytest.raises(ValueError, match="grid must be 2-D"):
+        viz.plot_blocks(torch.zeros(2))
+    with pytest.raises(ValueError, match="block_q"):
+        viz.plot_blocks(grid, block_q=0)

@@ -3,7 +3,7 @@
 Each public name states in its docstring the chapter that derives it.
 """
 
-from . import diagrams
+from . import diagrams, measure
 from .attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
 from .data import (
     CharCorpus,
@@ -38,7 +38,13 @@ from .model import GPTConfig, MiniGPT
 from .self_attention import SelfAttention, simple_self_attention
 from .softmax import attention_pool, softmax
 from .tasks import CopyTask, RecallTask, induction_attention_score, offset_attention_score
-from .tiled import SoftmaxState, merge_softmax_states, online_softmax, tiled_attention
+from .tiled import (
+    SoftmaxState,
+    block_grid,
+    merge_softmax_states,
+    online_softmax,
+    tiled_attention,
+)
 
 __version__ = "0.1.0"
 
@@ -54,6 +60,7 @@ __all__ = [
     "TrainingDiverged",
     "default_corpus",
     "diagrams",
+    "measure",
     "download_tiny_shakespeare",
     "induction_attention_score",
     "load_text",
@@ -91,6 +98,7 @@ __all__ = [
     "simple_self_attention",
     "softmax",
     "SoftmaxState",
+    "block_grid",
     "merge_softmax_states",
     "online_softmax",
     "tiled_attention",

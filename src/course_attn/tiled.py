@@ -30,7 +30,13 @@ from torch import Tensor
 
 from ._validation import check_positive_int, check_tensor
 
-__all__ = ["SoftmaxState", "merge_softmax_states", "online_softmax", "tiled_attention"]
+__all__ = [
+    "SoftmaxState",
+    "block_grid",
+    "merge_softmax_states",
+    "online_softmax",
+    "tiled_attention",
+]
 
 
 class SoftmaxState:
@@ -205,6 +211,30 @@ def _contain(block: Tensor, allowed: Tensor | None) -> Tensor:
         return block
     seen = allowed.any(dim=-2).unsqueeze(-1)  # (..., bq, bk) -> (..., bk, 1)
     return block.masked_fill(~seen, 0.0)
+
+
+def block_grid(t_q: int, t_k: int, block_q: int, block_k: int, *,
+               is_causal: bool = False) -> Tensor:
+    """What the tiled kernel does with each (query block, key block) pair.
+
+    Returns an int64 tensor of shape ``(ceil(T_q / block_q), ceil(T_k / block_k))``:
+    ``0`` = skipped (under the bottom-right causal mask every score of the block
+    lies in the future, so it is never computed), ``1`` = computed, with some
+    scores masked by the causal mask (the blocks on the diagonal), ``2`` =
+    computed in full. Only the causal mask is known from the shapes alone; an
+    explicit mask is applied inside computed blocks.
+    """
+    for value, name in ((t_q, "t_q"), (t_k, "t_k"), (block_q, "block_q"), (block_k, "block_k")):
+        check_positive_int(value, name)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+    offset = t_k - t_q if is_causal else None
+    grid = torch.zeros(-(-t_q // block_q), -(-t_k // block_k), dtype=torch.int64)
+    for rows, cols in _blocks(t_q, t_k, block_q, block_k, offset):
+        # the block's top-right score (first query, last key) is the one most in the future
+        partly_masked = offset is not None and cols.stop - 1 > rows.start + offset
+        grid[rows.start // block_q, cols.start // block_k] = 1 if partly_masked else 2
+    return grid
 
 
 class _TiledAttention(torch.autograd.Function):

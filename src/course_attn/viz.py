@@ -16,6 +16,7 @@ from matplotlib.axes import Axes
 __all__ = [
     "interactive_plot",
     "plot_attention",
+    "plot_blocks",
     "plot_curves",
     "plot_distribution",
     "plot_heatmap",
@@ -158,6 +159,61 @@ def interactive_plot(draw: Callable[..., object], **controls: object):
         plt.show()
 
     return widgets.interactive(_draw, **controls)
+
+
+_BLOCK_COLOURS = ("#f2f2f2", "#9ecae1", "#2171b5")  # skipped, partly masked, full
+_BLOCK_NAMES = ("skipped", "computed, partly masked", "computed in full")
+
+
+def plot_blocks(
+    grid: object,
+    *,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Axes:
+    """The block grid of the tiled kernel (efficient attention), from
+    :func:`course_attn.tiled.block_grid`: one cell per (query block, key block),
+    light grey = skipped, light blue = computed and partly masked, dark blue =
+    computed in full, with a legend. ``block_q`` / ``block_k`` label the axes in
+    positions instead of block numbers.
+    """
+    data = _to_numpy(grid, "grid")
+    if data.ndim != 2:
+        raise ValueError(f"grid must be 2-D (query blocks, key blocks), got shape {data.shape}")
+    if not np.isin(data, (0.0, 1.0, 2.0)).all():
+        raise ValueError("grid must hold only 0 (skipped), 1 (partly masked) or 2 (full)")
+    for value, name in ((block_q, "block_q"), (block_k, "block_k")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{name} must be a positive int or None, got {value!r}")
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    _check_ax(ax)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.2, 4.0))
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    ax.imshow(data, cmap=ListedColormap(_BLOCK_COLOURS), vmin=-0.5, vmax=2.5,
+              aspect="auto", interpolation="nearest")
+    n_q, n_k = data.shape
+    ax.set_xticks(np.arange(-0.5, n_k, 1), minor=True)
+    ax.set_yticks(np.arange(-0.5, n_q, 1), minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.0 if max(n_q, n_k) <= 32 else 0.3)
+    ax.tick_params(which="minor", length=0)
+    for axis, size, count in ((ax.xaxis, block_k, n_k), (ax.yaxis, block_q, n_q)):
+        ticks = np.unique(np.linspace(0, count - 1, min(count, 6)).round().astype(int))
+        axis.set_ticks(ticks, labels=[str(t * size) if size else str(t) for t in ticks])
+    ax.set_xlabel("first key of the block" if block_k else "key block")
+    ax.set_ylabel("first query of the block" if block_q else "query block")
+    ax.legend(handles=[Patch(facecolor=c, edgecolor="#999999", label=n)
+                       for c, n in zip(_BLOCK_COLOURS, _BLOCK_NAMES, strict=True)],
+              loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=7,
+              frameon=False)
+    if title:
+        ax.set_title(title)
+    return ax
 
 
 def plot_curves(
