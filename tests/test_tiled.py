@@ -389,8 +389,13 @@ def test_plot_blocks_draws_the_grid_with_a_legend():
     assert image.shape == (3, 6) and (image == grid.numpy()).all()
     assert [text.get_text() for text in ax.get_legend().get_texts()] == [
         "skipped", "computed, partly masked", "computed in full"]
-    assert ax.get_xticklabels()[-1].get_text() == "80" and ax.get_title() == "t"
+    assert ax.get_xlabel() == "key position" and ax.get_title() == "t"
+    assert ax.get_images()[0].get_extent() == [0, 96, 96, 0]  # to scale, in positions
+    in_blocks = viz.plot_blocks(grid, legend=False)
+    assert in_blocks.get_xlabel() == "key block" and in_blocks.get_legend() is None
     plt.close("all")
+    with pytest.raises(ValueError, match="both block_q and block_k"):
+        viz.plot_blocks(grid, block_q=32)
     with pytest.raises(ValueError, match="grid must hold only"):
         viz.plot_blocks(torch.full((2, 2), 3))
     with pytest.raises(ValueError, match="grid must be 2-D"):

@@ -172,12 +172,14 @@ def plot_blocks(
     block_k: int | None = None,
     ax: Axes | None = None,
     title: str | None = None,
+    legend: bool = True,
 ) -> Axes:
     """The block grid of the tiled kernel (efficient attention), from
     :func:`course_attn.tiled.block_grid`: one cell per (query block, key block),
     light grey = skipped, light blue = computed and partly masked, dark blue =
-    computed in full, with a legend. ``block_q`` / ``block_k`` label the axes in
-    positions instead of block numbers.
+    computed in full. With ``block_q`` and ``block_k`` the axes count positions
+    (cells are ``block_q`` tall and ``block_k`` wide, to scale); without, blocks.
+    ``legend=False`` leaves out the legend (e.g. for all but one of several panels).
     """
     data = _to_numpy(grid, "grid")
     if data.ndim != 2:
@@ -189,28 +191,33 @@ def plot_blocks(
             raise TypeError(f"{name} must be a positive int or None, got {value!r}")
         if value is not None and value < 1:
             raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    if (block_q is None) != (block_k is None):
+        raise ValueError("give both block_q and block_k (axes in positions) or neither "
+                         "(axes in blocks)")
+    _check_flag(legend, "legend")
     _check_ax(ax)
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 4.0))
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    ax.imshow(data, cmap=ListedColormap(_BLOCK_COLOURS), vmin=-0.5, vmax=2.5,
-              aspect="auto", interpolation="nearest")
     n_q, n_k = data.shape
-    ax.set_xticks(np.arange(-0.5, n_k, 1), minor=True)
-    ax.set_yticks(np.arange(-0.5, n_q, 1), minor=True)
-    ax.grid(which="minor", color="white", linewidth=1.0 if max(n_q, n_k) <= 32 else 0.3)
-    ax.tick_params(which="minor", length=0)
-    for axis, size, count in ((ax.xaxis, block_k, n_k), (ax.yaxis, block_q, n_q)):
-        ticks = np.unique(np.linspace(0, count - 1, min(count, 6)).round().astype(int))
-        axis.set_ticks(ticks, labels=[str(t * size) if size else str(t) for t in ticks])
-    ax.set_xlabel("first key of the block" if block_k else "key block")
-    ax.set_ylabel("first query of the block" if block_q else "query block")
-    ax.legend(handles=[Patch(facecolor=c, edgecolor="#999999", label=n)
-                       for c, n in zip(_BLOCK_COLOURS, _BLOCK_NAMES, strict=True)],
-              loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=7,
-              frameon=False)
+    size_q, size_k = block_q or 1, block_k or 1
+    ax.imshow(data, cmap=ListedColormap(_BLOCK_COLOURS), vmin=-0.5, vmax=2.5,
+              extent=(0, n_k * size_k, n_q * size_q, 0), interpolation="nearest")
+    thin = max(n_q, n_k) > 32
+    for row in range(1, n_q):  # white lines between the blocks
+        ax.axhline(row * size_q, color="white", linewidth=0.3 if thin else 1.0)
+    for col in range(1, n_k):
+        ax.axvline(col * size_k, color="white", linewidth=0.3 if thin else 1.0)
+    unit = "position" if block_q else "block"
+    ax.set_xlabel(f"key {unit}")
+    ax.set_ylabel(f"query {unit}")
+    if legend:
+        ax.legend(handles=[Patch(facecolor=c, edgecolor="#999999", label=n)
+                           for c, n in zip(_BLOCK_COLOURS, _BLOCK_NAMES, strict=True)],
+                  loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=7,
+                  borderaxespad=4.5, frameon=False)  # below the axis label, in points
     if title:
         ax.set_title(title)
     return ax
@@ -226,12 +233,15 @@ def plot_curves(
     ylabel: str = "",
     logx: bool = False,
     logy: bool = False,
+    xticks: Sequence[float] | None = None,
 ) -> Axes:
     """Line plot of several named curves over one shared 1-D ``x`` (e.g. a measurement vs d_k).
 
     ``curves`` maps a legend label to a 1-D series of ``len(x)`` values; a label
     starting with ``"theory"`` is drawn dashed, so measured and predicted curves
-    are told apart at a glance (Chapter 4).
+    are told apart at a glance (Chapter 4). ``xticks`` puts the x-axis ticks at
+    these values, labelled as plain numbers (useful on a log axis spanning less
+    than a few decades, e.g. T = 256 ... 2048 in the chapter on efficient attention).
     """
     xs = _to_numpy(x, "x")
     if xs.ndim != 1:
@@ -251,6 +261,14 @@ def plot_curves(
         ax.plot(xs, ys, style, label=str(label), markersize=3)
     ax.set_xscale("log" if logx else "linear")
     ax.set_yscale("log" if logy else "linear")
+    if xticks is not None:
+        ticks = _to_numpy(xticks, "xticks")
+        if ticks.ndim != 1:
+            raise ValueError(f"xticks must be 1-D, got shape {ticks.shape}")
+        from matplotlib.ticker import NullFormatter
+
+        ax.set_xticks(ticks, labels=[f"{t:g}" for t in ticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
