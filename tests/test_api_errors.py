@@ -34,15 +34,19 @@ from course_attn import (
     MultiHeadAttention,
     PositionalEncoding,
     SelfAttention,
+    SoftmaxState,
     TransformerBlock,
     attention,
     attention_pool,
     block_gradient_norms,
+    block_grid,
     causal_mask,
     combine_masks,
     decode_step_seconds,
     merge_heads,
+    merge_softmax_states,
     new_caches,
+    online_softmax,
     padding_mask,
     pick_device,
     positions_from_attention_mask,
@@ -52,6 +56,7 @@ from course_attn import (
     sinusoidal_table,
     softmax,
     split_heads,
+    tiled_attention,
     to_additive_mask,
     to_torch_mha_mask,
     viz,
@@ -61,7 +66,8 @@ matplotlib.use("Agg")
 
 SWEPT_MODULES = {f"course_attn.{m}" for m in (
     "attention", "masks", "layers", "model", "encoder_decoder", "env", "softmax",
-    "self_attention", "viz", "decoding", "measure")}  # analysis: test_train_api_errors
+    "self_attention", "tiled", "viz", "decoding", "experiments")}
+# analysis: swept in test_train_api_errors; measure: in test_measure
 
 # Targets that cannot take one of the two kinds of bad argument, and why.
 EXEMPT = {
@@ -445,6 +451,24 @@ case("viz.plot_heads", "axes", ValueError, lambda: viz.plot_heads(W2[None], axes
 case("viz.plot_heatmap", "matrix", TypeError, lambda: viz.plot_heatmap(None))
 case("viz.plot_heatmap", "matrix", ValueError, lambda: viz.plot_heatmap(torch.ones(2, 2, 2)))
 case("viz.plot_heatmap", "ax", TypeError, lambda: viz.plot_heatmap(W2, ax="ax"))
+case("block_grid", "t_q", TypeError, lambda: block_grid(4.0, 4, 2, 2))
+case("block_grid", "block_q", ValueError, lambda: block_grid(4, 4, 0, 2))
+case("viz.plot_blocks", "grid", TypeError, lambda: viz.plot_blocks("grid"))
+case("viz.plot_blocks", "block_k", ValueError,
+     lambda: viz.plot_blocks(torch.zeros(2, 2), block_k=-1))
+case("tiled_attention", "block_q", TypeError, lambda: tiled_attention(Q, Q, Q, block_q=2.0))
+case("tiled_attention", "block_k", ValueError, lambda: tiled_attention(Q, Q, Q, block_k=0))
+case("tiled_attention", "dropout_p", ValueError, lambda: tiled_attention(Q, Q, Q, dropout_p=1))
+case("online_softmax", "scores", TypeError, lambda: online_softmax([1.0, 2.0], 1))
+case("online_softmax", "block", ValueError, lambda: online_softmax(W2, 0))
+case("SoftmaxState", "m", TypeError, lambda: SoftmaxState([0.0], torch.ones(1)))
+case("SoftmaxState", "acc", ValueError,
+     lambda: SoftmaxState(torch.zeros(2, 1), torch.ones(2, 1), torch.ones(3, 4)))
+case("merge_softmax_states", "b", TypeError,
+     lambda: merge_softmax_states(SoftmaxState(torch.zeros(2, 1), torch.ones(2, 1)), None))
+case("merge_softmax_states", "a", ValueError,
+     lambda: merge_softmax_states(SoftmaxState(torch.zeros(2, 1), torch.ones(2, 1)),
+                                  SoftmaxState(torch.zeros(3, 1), torch.ones(3, 1))))
 case("viz.interactive_plot", "draw", TypeError, lambda: viz.interactive_plot("draw"))
 case("viz.interactive_plot", "control 'x'", TypeError,
      lambda: viz.interactive_plot(lambda x: None, x=3))

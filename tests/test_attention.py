@@ -119,19 +119,21 @@ def test_rows_are_distributions_over_allowed_keys(seed):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seed", range(6))
-def test_manual_and_sdpa_switch_agree_in_outputs_and_gradients(seed, dtype):
+def test_every_impl_of_the_switch_agrees_in_outputs_and_gradients(seed, dtype):
     g, q0, k0, v0 = _random_case(seed, dtype)
     mask = _random_mask(g, (*q0.shape[:-1], k0.shape[-2]), keep_one=False)  # may drop rows
     results = {}
     for impl in ATTENTION_IMPLS:
         q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
         out, weights = attention(q, k, v, mask, impl=impl)
-        assert (weights is None) == (impl == "sdpa")
+        assert (weights is None) == (impl != "manual")  # only the manual path has weights
         out.pow(2).sum().backward()
         results[impl] = (out, q.grad, k.grad, v.grad)
-    for manual, fused in zip(results["manual"], results["sdpa"], strict=True):
-        assert torch.isfinite(manual).all()
-        assert_close(manual, fused, **_tol(dtype))
+    assert set(results) == {"manual", "sdpa", "tiled"}
+    for impl in ("sdpa", "tiled"):
+        for manual, other in zip(results["manual"], results[impl], strict=True):
+            assert torch.isfinite(manual).all()
+            assert_close(manual, other, **_tol(dtype))
 
 
 @pytest.mark.parametrize("t_q,t_k", [(4, 4), (2, 5), (5, 3)])
@@ -140,7 +142,9 @@ def test_switch_agrees_with_is_causal_in_any_shape(t_q, t_k):
     q, k, v = (torch.randn(2, t, 3, generator=g) for t in (t_q, t_k, t_k))
     manual, _ = attention(q, k, v, is_causal=True, impl="manual")
     fused, _ = attention(q, k, v, is_causal=True, impl="sdpa")
+    tiled, _ = attention(q, k, v, is_causal=True, impl="tiled")
     assert_close(manual, fused)
+    assert_close(manual, tiled)
     explicit, _ = scaled_dot_product_attention(q, k, v, causal_mask(t_q, t_k))
     assert_close(manual, explicit)
 
@@ -259,7 +263,8 @@ def test_bad_inputs_raise_clear_errors(impl):
 
 def test_unknown_impl_names_the_argument():
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match=r"impl must be one of \('manual', 'sdpa'\), got 'flash'"):
+    with pytest.raises(ValueError,
+                       match=r"impl must be one of \('manual', 'sdpa', 'tiled'\), got 'flash'"):
         attention(q, k, v, impl="flash")
 
 

@@ -24,6 +24,15 @@ def test_plot_curves_draws_one_line_per_curve_with_theory_dashed():
     assert ax.get_xlabel() == "d_k" and ax.get_title() == "t"
 
 
+def test_plot_curves_puts_plain_ticks_where_asked():
+    x = np.array([256, 512, 1024, 2048])
+    ax = viz.plot_curves(x, {"m": x**2}, logx=True, logy=True, xticks=x)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["256", "512", "1024", "2048"]
+    assert all(t.get_text() == "" for t in ax.xaxis.get_minorticklabels())
+    with pytest.raises(ValueError, match="xticks must be 1-D"):
+        viz.plot_curves(x, {"m": x}, xticks=np.ones((2, 2)))
+
+
 @pytest.mark.parametrize(
     "x, curves, error, phrase",
     [

@@ -3,7 +3,7 @@
 Each public name states in its docstring the chapter that derives it.
 """
 
-from . import diagrams
+from . import diagrams, measure
 from ._version import __version__
 from .alibi import alibi_attention, alibi_bias, alibi_slopes
 from .analysis import induction_attention_score, offset_attention_score
@@ -19,6 +19,7 @@ from .data import (
 from .decoding import KVCache, new_caches
 from .encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
 from .env import environment_report, pick_device, seed_everything
+from .experiments import block_gradient_norms, decode_step_seconds
 from .gqa import check_kv_heads, grouped_query_attention, repeat_kv
 from .kv_memory import KV_CACHE_KINDS, kv_cache_bytes
 from .latent import LatentKVCache, MultiHeadLatentAttention
@@ -45,7 +46,6 @@ from .masks import (
     to_additive_mask,
     to_torch_mha_mask,
 )
-from .measure import block_gradient_norms, decode_step_seconds
 from .model import POS_ENCODINGS, GPTConfig, MiniGPT
 from .rope import apply_rope, apply_rotary, rope_cos_sin, sinusoid_angles
 from .self_attention import SelfAttention, simple_self_attention
@@ -62,6 +62,13 @@ from .seq2seq import (
 from .sliding_window import RollingKVCache, sliding_window_attention, sliding_window_mask
 from .softmax import attention_pool, softmax
 from .tasks import CopyTask, RecallTask
+from .tiled import (
+    SoftmaxState,
+    block_grid,
+    merge_softmax_states,
+    online_softmax,
+    tiled_attention,
+)
 
 __all__ = [
     "CharCorpus",
@@ -75,6 +82,7 @@ __all__ = [
     "TrainingDiverged",
     "default_corpus",
     "diagrams",
+    "measure",
     "download_tiny_shakespeare",
     "induction_attention_score",
     "load_text",
@@ -144,6 +152,11 @@ __all__ = [
     "exact_match_accuracy",
     "greedy_answers",
     "seq2seq_loss",
+    "SoftmaxState",
+    "block_grid",
+    "merge_softmax_states",
+    "online_softmax",
+    "tiled_attention",
 ]
 
 

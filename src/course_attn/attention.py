@@ -1,9 +1,10 @@
 """Chapter 4: scaled dot-product attention, the manual path and the fused one.
 
 ``scaled_dot_product_attention`` is the readable reference: every step is a
-line you can print. ``attention`` is the one switch between it and PyTorch's
-fused ``torch.nn.functional.scaled_dot_product_attention``; the tests prove
-the two agree (outputs, gradients, masks).
+line you can print. ``attention`` is the one switch between it, PyTorch's
+fused ``torch.nn.functional.scaled_dot_product_attention`` and the course's own
+tiled kernel (``course_attn.tiled``, the chapter on efficient attention); the
+tests prove that they agree (outputs, gradients, masks).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .masks import causal_mask
 
 __all__ = ["ATTENTION_IMPLS", "attention", "scaled_dot_product_attention"]
 
-ATTENTION_IMPLS = ("manual", "sdpa")
+ATTENTION_IMPLS = ("manual", "sdpa", "tiled")
 
 
 def _check_qkv(q: object, k: object, v: object) -> tuple[Tensor, Tensor, Tensor]:
@@ -133,12 +134,16 @@ def attention(
     dropout_p: float = 0.0,
     impl: str = "manual",
 ) -> tuple[Tensor, Tensor | None]:
-    """The one place that chooses between the manual and the fused attention path.
+    """The one place that chooses between the manual, the fused and the tiled attention path.
 
     Same arguments and semantics as :func:`scaled_dot_product_attention`; ``impl``
-    is ``"manual"`` (returns the weights) or ``"sdpa"`` (PyTorch's fused kernel,
+    is ``"manual"`` (returns the weights), ``"sdpa"`` (PyTorch's fused kernel,
     faster and lighter on memory, returns ``None`` for the weights, which it
-    never materialises).
+    never materialises) or ``"tiled"`` (:func:`course_attn.tiled.tiled_attention`
+    with its default blocks: the FlashAttention algorithm written in torch, exact
+    and ``O(T)`` in memory but slow, a model of the kernel; also ``None`` for the
+    weights; dropout by a position hash, so its random mask differs from the
+    other paths' for the same seed).
 
     On the fused path, plain causal self-attention (``is_causal=True``, no other
     mask, ``T_q == T_k``) is passed to PyTorch as ``is_causal=True`` with no mask
@@ -168,6 +173,10 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, is_causa
         scale = 1.0 / math.sqrt(q.shape[-1])
     if impl == "manual":
         return _manual(q, k, v, mask, is_causal, scale, dropout_p)
+    if impl == "tiled":
+        from .tiled import _tiled  # tiled builds on this module's checks
+
+        return _tiled(q, k, v, mask, is_causal, scale, dropout_p), None  # (..., T_q, d_v)
     return _fused(q, k, v, mask, is_causal, scale, dropout_p)
 
 

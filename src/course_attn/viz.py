@@ -16,6 +16,7 @@ from matplotlib.axes import Axes
 __all__ = [
     "interactive_plot",
     "plot_attention",
+    "plot_blocks",
     "plot_curves",
     "plot_distribution",
     "plot_heatmap",
@@ -160,6 +161,68 @@ def interactive_plot(draw: Callable[..., object], **controls: object):
     return widgets.interactive(_draw, **controls)
 
 
+_BLOCK_COLOURS = ("#f2f2f2", "#9ecae1", "#2171b5")  # skipped, partly masked, full
+_BLOCK_NAMES = ("skipped", "computed, partly masked", "computed in full")
+
+
+def plot_blocks(
+    grid: object,
+    *,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    ax: Axes | None = None,
+    title: str | None = None,
+    legend: bool = True,
+) -> Axes:
+    """The block grid of the tiled kernel (efficient attention), from
+    :func:`course_attn.tiled.block_grid`: one cell per (query block, key block),
+    light grey = skipped, light blue = computed and partly masked, dark blue =
+    computed in full. With ``block_q`` and ``block_k`` the axes count positions
+    (cells are ``block_q`` tall and ``block_k`` wide, to scale); without, blocks.
+    ``legend=False`` leaves out the legend (e.g. for all but one of several panels).
+    """
+    data = _to_numpy(grid, "grid")
+    if data.ndim != 2:
+        raise ValueError(f"grid must be 2-D (query blocks, key blocks), got shape {data.shape}")
+    if not np.isin(data, (0.0, 1.0, 2.0)).all():
+        raise ValueError("grid must hold only 0 (skipped), 1 (partly masked) or 2 (full)")
+    for value, name in ((block_q, "block_q"), (block_k, "block_k")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{name} must be a positive int or None, got {value!r}")
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    if (block_q is None) != (block_k is None):
+        raise ValueError("give both block_q and block_k (axes in positions) or neither "
+                         "(axes in blocks)")
+    _check_flag(legend, "legend")
+    _check_ax(ax)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.2, 4.0))
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    n_q, n_k = data.shape
+    size_q, size_k = block_q or 1, block_k or 1
+    ax.imshow(data, cmap=ListedColormap(_BLOCK_COLOURS), vmin=-0.5, vmax=2.5,
+              extent=(0, n_k * size_k, n_q * size_q, 0), interpolation="nearest")
+    thin = max(n_q, n_k) > 32
+    for row in range(1, n_q):  # white lines between the blocks
+        ax.axhline(row * size_q, color="white", linewidth=0.3 if thin else 1.0)
+    for col in range(1, n_k):
+        ax.axvline(col * size_k, color="white", linewidth=0.3 if thin else 1.0)
+    unit = "position" if block_q else "block"
+    ax.set_xlabel(f"key {unit}")
+    ax.set_ylabel(f"query {unit}")
+    if legend:
+        ax.legend(handles=[Patch(facecolor=c, edgecolor="#999999", label=n)
+                           for c, n in zip(_BLOCK_COLOURS, _BLOCK_NAMES, strict=True)],
+                  loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=7,
+                  borderaxespad=4.5, frameon=False)  # below the axis label, in points
+    if title:
+        ax.set_title(title)
+    return ax
+
+
 def plot_curves(
     x: object,
     curves: dict[str, object],
@@ -170,12 +233,15 @@ def plot_curves(
     ylabel: str = "",
     logx: bool = False,
     logy: bool = False,
+    xticks: Sequence[float] | None = None,
 ) -> Axes:
     """Line plot of several named curves over one shared 1-D ``x`` (e.g. a measurement vs d_k).
 
     ``curves`` maps a legend label to a 1-D series of ``len(x)`` values; a label
     starting with ``"theory"`` is drawn dashed, so measured and predicted curves
-    are told apart at a glance (Chapter 4).
+    are told apart at a glance (Chapter 4). ``xticks`` puts the x-axis ticks at
+    these values, labelled as plain numbers (useful on a log axis spanning less
+    than a few decades, e.g. T = 256 ... 2048 in the chapter on efficient attention).
     """
     xs = _to_numpy(x, "x")
     if xs.ndim != 1:
@@ -195,6 +261,14 @@ def plot_curves(
         ax.plot(xs, ys, style, label=str(label), markersize=3)
     ax.set_xscale("log" if logx else "linear")
     ax.set_yscale("log" if logy else "linear")
+    if xticks is not None:
+        ticks = _to_numpy(xticks, "xticks")
+        if ticks.ndim != 1:
+            raise ValueError(f"xticks must be 1-D, got shape {ticks.shape}")
+        from matplotlib.ticker import NullFormatter
+
+        ax.set_xticks(ticks, labels=[f"{t:g}" for t in ticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
