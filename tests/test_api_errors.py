@@ -142,6 +142,10 @@ for fn in ("attention", "scaled_dot_product_attention"):
     case(fn, "scale", ValueError, lambda f=f: f(Q, Q, Q, scale=-1.0))
     case(fn, "dropout_p", TypeError, lambda f=f: f(Q, Q, Q, dropout_p="0.1"))
     case(fn, "dropout_p", ValueError, lambda f=f: f(Q, Q, Q, dropout_p=1.5))
+    case(fn, "bias", TypeError, lambda f=f: f(Q, Q, Q, bias=_bool(3, 3)))
+    case(fn, "bias", TypeError, lambda f=f: f(Q, Q, Q, bias=[[0.0]]))
+    case(fn, "bias", ValueError, lambda f=f: f(Q, Q, Q, bias=torch.zeros(3, 4)))
+    case(fn, "bias", ValueError, lambda f=f: f(Q, Q, Q, bias=torch.zeros(5, 2, 3, 3)))
 case("attention", "impl", ValueError, lambda: attention(Q, Q, Q, impl="flash"))
 case("attention", "impl", TypeError, lambda: attention(Q, Q, Q, impl=None))
 
@@ -273,7 +277,7 @@ case("GPTConfig", "impl", TypeError, lambda: GPTConfig(vocab_size=7, block_size=
 case("GPTConfig", "init_std", ValueError,
      lambda: GPTConfig(vocab_size=7, block_size=8, init_std=float("nan")))
 case("GPTConfig", "pos_encoding", ValueError,
-     lambda: GPTConfig(vocab_size=7, block_size=8, pos_encoding="alibi"))
+     lambda: GPTConfig(vocab_size=7, block_size=8, pos_encoding="xpos"))
 case("GPTConfig", "pos_encoding", TypeError,
      lambda: GPTConfig(vocab_size=7, block_size=8, pos_encoding=None))
 case("GPTConfig", "n_kv_heads", ValueError,
@@ -459,6 +463,8 @@ case("viz.plot_blocks", "block_k", ValueError,
 case("tiled_attention", "block_q", TypeError, lambda: tiled_attention(Q, Q, Q, block_q=2.0))
 case("tiled_attention", "block_k", ValueError, lambda: tiled_attention(Q, Q, Q, block_k=0))
 case("tiled_attention", "dropout_p", ValueError, lambda: tiled_attention(Q, Q, Q, dropout_p=1))
+case("tiled_attention", "bias", TypeError, lambda: tiled_attention(Q, Q, Q, bias=_long(3, 3)))
+case("tiled_attention", "bias", ValueError, lambda: tiled_attention(Q, Q, Q, bias=Q))
 case("online_softmax", "scores", TypeError, lambda: online_softmax([1.0, 2.0], 1))
 case("online_softmax", "block", ValueError, lambda: online_softmax(W2, 0))
 case("SoftmaxState", "m", TypeError, lambda: SoftmaxState([0.0], torch.ones(1)))

@@ -1,4 +1,5 @@
-"""Issue 14: MiniGPT with RoPE / sinusoidal positions, grouped-query attention and sliding windows.
+"""Issue 14: MiniGPT with RoPE / sinusoidal / ALiBi positions, grouped-query attention and
+sliding windows.
 
 Every switch of ``GPTConfig`` (``pos_encoding``, ``n_kv_heads``, ``window``) and
 their combinations must keep what the default model guarantees: causality,
@@ -37,6 +38,10 @@ VARIANTS = {
     "rope+window": dict(pos_encoding="rope", window=3),
     "sinusoidal+window": dict(pos_encoding="sinusoidal", window=2),
     "rope+gqa+window": dict(pos_encoding="rope", n_heads=4, n_kv_heads=2, window=4),
+    "alibi": dict(pos_encoding="alibi"),
+    "alibi+gqa": dict(pos_encoding="alibi", n_heads=4, n_kv_heads=2),
+    "alibi+mqa+window": dict(pos_encoding="alibi", n_kv_heads=1, window=3),
+    "alibi+gqa+window": dict(pos_encoding="alibi", n_heads=4, n_kv_heads=2, window=4),
 }
 variants = pytest.mark.parametrize("variant", list(VARIANTS))
 impls = pytest.mark.parametrize("impl", ATTENTION_IMPLS)
@@ -66,7 +71,7 @@ def ids(shape: tuple[int, ...], seed: int) -> torch.Tensor:
 def test_the_new_fields_default_to_the_old_model():
     c = GPTConfig(vocab_size=V, block_size=8)
     assert (c.pos_encoding, c.n_kv_heads, c.window) == ("learned", None, None)
-    assert POS_ENCODINGS == ("learned", "sinusoidal", "rope")
+    assert POS_ENCODINGS == ("learned", "sinusoidal", "rope", "alibi")
 
 
 @impls
@@ -199,9 +204,10 @@ def test_forward_backward_and_cached_decoding_on_meta(variant, impl):
 
 
 @pytest.mark.parametrize("impl", ATTENTION_IMPLS)
-def test_rope_gqa_window_compiles_without_graph_breaks(impl):
+@pytest.mark.parametrize("variant", ["rope+gqa+window", "alibi+gqa+window"])
+def test_variants_compile_without_graph_breaks(variant, impl):
     torch.manual_seed(0)
-    model = MiniGPT(config(impl, dropout=0.1, **VARIANTS["rope+gqa+window"]))
+    model = MiniGPT(config(impl, dropout=0.1, **VARIANTS[variant]))
     idx = ids((2, 8), 7)
     mask = padding_mask([8, 5], 8, side="left")
     torch._dynamo.reset()
@@ -341,7 +347,7 @@ def test_rope_mqa_window_overfits_one_batch():
     assert first > 2.0 and loss.item() < 0.1
 
 
-@pytest.mark.parametrize("variant", ["rope+gqa+window", "sinusoidal"])
+@pytest.mark.parametrize("variant", ["rope+gqa+window", "sinusoidal", "alibi+gqa"])
 def test_a_checkpoint_rebuilds_the_variant(variant):
     model = tiny(variant).float()  # a checkpoint rebuilds a float32 model
     # what training_state stores of the model: its config as a dict, and its weights
@@ -357,7 +363,8 @@ def test_a_checkpoint_rebuilds_the_variant(variant):
 @pytest.mark.parametrize(
     ("overrides", "error", "match"),
     [
-        (dict(pos_encoding="alibi"), ValueError, r"pos_encoding must be one of \('learned'"),
+        (dict(pos_encoding="xpos"), ValueError, r"pos_encoding must be one of \('learned'"),
+        (dict(pos_encoding="ALiBi"), ValueError, "pos_encoding must be one of"),
         (dict(pos_encoding="RoPE"), ValueError, "pos_encoding must be one of"),
         (dict(pos_encoding=None), TypeError, "pos_encoding must be one of"),
         (dict(pos_encoding="rope", d_model=18, n_heads=6), ValueError,

@@ -64,6 +64,11 @@ def alibi_bias(t_q: int, t_k: int, slopes: Tensor) -> Tensor:
     t_q = check_positive_int(t_q, "t_q")
     t_k = check_positive_int(t_k, "t_k")
     check_tensor(slopes, "slopes", ndim=1)
+    return _alibi_bias(t_q, t_k, slopes)
+
+
+def _alibi_bias(t_q: int, t_k: int, slopes: Tensor) -> Tensor:
+    """:func:`alibi_bias` without its checks (``MiniGPT`` calls it once per forward)."""
     query_pos = torch.arange(t_q, device=slopes.device).unsqueeze(1) + (t_k - t_q)  # (t_q, 1)
     key_pos = torch.arange(t_k, device=slopes.device).unsqueeze(0)  # (1, t_k)
     distance = (query_pos - key_pos).to(slopes.dtype)  # (t_q, t_k)

@@ -69,6 +69,26 @@ def _check_options(mask: object, q: Tensor, k: Tensor, is_causal: object, scale:
     return mask, check_positive_real(scale, "scale")
 
 
+def _check_bias(bias: object, q: Tensor, k: Tensor) -> Tensor | None:
+    """Validate an additive score bias; return it on q's device, in q's dtype."""
+    if bias is None:
+        return None
+    if not isinstance(bias, Tensor) or not bias.is_floating_point():
+        got = bias.dtype if isinstance(bias, Tensor) else type(bias).__name__
+        raise TypeError(f"bias must be a floating-point torch.Tensor added to the scores "
+                        f"(a boolean mask goes in mask=), got {got}")
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    target = torch.Size((*batch, q.shape[-2], k.shape[-2]))
+    try:
+        shape = torch.broadcast_shapes(bias.shape, target)
+    except RuntimeError:
+        shape = None
+    if shape != target:
+        raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast to the "
+                         f"attention scores' shape {tuple(target)}")
+    return bias.to(q.device, q.dtype)  # a no-op when it is already there
+
+
 def _with_causal(mask: Tensor | None, q: Tensor, k: Tensor) -> Tensor:
     """``mask`` AND the bottom-right causal mask ``(T_q, T_k)``, made on q's device."""
     causal = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (T_q, T_k)
@@ -95,8 +115,9 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """softmax(q k^T * scale, masked) v, written out step by step.
+    """softmax(q k^T * scale + bias, masked) v, written out step by step.
 
     Args:
         q: queries ``(..., T_q, d_k)``.
@@ -106,6 +127,9 @@ def scaled_dot_product_attention(
         is_causal: also apply ``causal_mask(T_q, T_k)`` (bottom-right aligned).
         scale: multiplies the scores; ``None`` means ``1 / sqrt(d_k)``.
         dropout_p: dropout on the attention weights (0 = none; only when asked).
+        bias: optional float tensor broadcastable to ``(..., T_q, T_k)``, added to
+            the scaled scores before the mask (ALiBi's ``-slope * distance``, say).
+            It is converted to ``q``'s dtype and device.
 
     Returns:
         ``(out, attn_weights)``: ``out (..., T_q, d_v)``; ``attn_weights (..., T_q, T_k)``
@@ -120,7 +144,8 @@ def scaled_dot_product_attention(
     """
     q, k, v = _check_qkv(q, k, v)
     mask, scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
-    return _manual(q, k, v, mask, is_causal, scale, dropout_p)
+    bias = _check_bias(bias, q, k)
+    return _manual(q, k, v, mask, is_causal, scale, dropout_p, bias)
 
 
 def attention(
@@ -132,6 +157,7 @@ def attention(
     is_causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    bias: Tensor | None = None,
     impl: str = "manual",
 ) -> tuple[Tensor, Tensor | None]:
     """The one place that chooses between the manual, the fused and the tiled attention path.
@@ -151,7 +177,8 @@ def attention(
     masked call gets one explicit boolean mask (the causal part bottom-right
     aligned, as the cache needs), and rows without any allowed key are set to
     zero afterwards, because PyTorch's GPU kernels do not promise zeros there in
-    float16 and bfloat16.
+    float16 and bfloat16. With a ``bias`` the fused path gets one float mask instead
+    (the bias, ``-inf`` where the boolean mask blocks), never ``is_causal=True``.
 
     Like the manual path it never reads tensor values (no host-device sync):
     NaN or inf inputs propagate (padded keys excepted, which are contained).
@@ -159,29 +186,36 @@ def attention(
     check_choice(impl, "impl", ATTENTION_IMPLS)
     q, k, v = _check_qkv(q, k, v)
     mask, scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
+    bias = _check_bias(bias, q, k)
     return _attention(q, k, v, mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
-                      impl=impl)
+                      impl=impl, bias=bias)
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, is_causal: bool,
-               scale: float | None, dropout_p: float, impl: str) -> tuple[Tensor, Tensor | None]:
+               scale: float | None, dropout_p: float, impl: str,
+               bias: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """:func:`attention` without its checks, for layers that checked at their boundary.
 
-    ``mask`` must already be on ``q``'s device (``combine_masks`` puts it there).
+    ``mask`` must already be on ``q``'s device (``combine_masks`` puts it there);
+    ``bias`` (float, broadcastable to ``(..., T_q, T_k)``) on ``q``'s device too. It is
+    cast to ``q``'s dtype here, once, so that every path adds the same numbers.
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
+    if bias is not None:
+        bias = bias.to(q.dtype)  # no-op unless autocast made q half precision
     if impl == "manual":
-        return _manual(q, k, v, mask, is_causal, scale, dropout_p)
+        return _manual(q, k, v, mask, is_causal, scale, dropout_p, bias)
     if impl == "tiled":
         from .tiled import _tiled  # tiled builds on this module's checks
 
-        return _tiled(q, k, v, mask, is_causal, scale, dropout_p), None  # (..., T_q, d_v)
-    return _fused(q, k, v, mask, is_causal, scale, dropout_p)
+        return _tiled(q, k, v, mask, is_causal, scale, dropout_p, bias=bias), None
+    return _fused(q, k, v, mask, is_causal, scale, dropout_p, bias)
 
 
 def _manual(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-            scale: float, dropout_p: float) -> tuple[Tensor, Tensor]:
+            scale: float, dropout_p: float,
+            bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The manual path, step by step (see :func:`scaled_dot_product_attention`)."""
     if is_causal:
         mask = _with_causal(mask, q, k)  # (..., T_q, T_k)
@@ -190,6 +224,8 @@ def _manual(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: boo
 
     # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)
     attn_scores = (q @ k.transpose(-2, -1)) * scale
+    if bias is not None:
+        attn_scores = attn_scores + bias  # (..., T_q, T_k) + (broadcast to it)
     if mask is not None:
         attn_scores = attn_scores.masked_fill(~mask, float("-inf"))
         # A row with no allowed key would be softmax(all -inf) = NaN. Give it finite
@@ -209,8 +245,10 @@ def _manual(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: boo
 
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-           scale: float, dropout_p: float) -> tuple[Tensor, None]:
+           scale: float, dropout_p: float, bias: Tensor | None = None) -> tuple[Tensor, None]:
     """PyTorch's fused kernel with the course's mask conventions (see :func:`attention`)."""
+    if bias is not None:
+        return _fused_with_bias(q, k, v, mask, is_causal, scale, dropout_p, bias)
     if is_causal and mask is None and q.shape[-2] == k.shape[-2]:
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
                                              scale=scale)  # (..., T_q, d_v)
@@ -226,4 +264,28 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                          scale=scale)  # (..., T_q, d_v)
     has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+    return out.masked_fill(~has_key, 0.0), None
+
+
+def _fused_with_bias(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+                     scale: float, dropout_p: float, bias: Tensor) -> tuple[Tensor, None]:
+    """The fused path with an additive bias: one float ``attn_mask`` carries bias and mask.
+
+    PyTorch adds a float ``attn_mask`` to the scaled scores, so the bias goes there,
+    with ``-inf`` wherever the boolean mask blocks. PyTorch refuses ``is_causal=True``
+    together with an ``attn_mask``, so the causal part always goes into the mask
+    here: a biased call is never FlashAttention-eligible (the memory-efficient
+    kernel, which takes float masks, still is on a GPU).
+    """
+    if is_causal:
+        mask = _with_causal(mask, q, k)  # (..., T_q, T_k), bottom-right aligned
+    if mask is None:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
+                                             scale=scale)  # (..., T_q, d_v)
+        return out, None
+    k, v = _zero_unreachable_keys(k, v, mask)  # padded keys: contained, as without a bias
+    additive = bias.masked_fill(~mask, float("-inf"))  # (..., T_q, T_k), broadcast together
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, dropout_p=dropout_p,
+                                         scale=scale)  # (..., T_q, d_v)
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1): rows with no key give zeros
     return out.masked_fill(~has_key, 0.0), None

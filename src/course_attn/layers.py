@@ -151,12 +151,16 @@ class MultiHeadAttention(nn.Module):
     def _forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, *,
                  is_causal: bool = False, need_weights: bool = False,
                  cache: KVCache | None = None,
-                 rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
+                 rope: tuple[Tensor, Tensor] | None = None,
+                 bias: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """:meth:`forward` without checks; ``mask`` is combined and on ``query``'s device.
 
         ``rope`` is ``(cos, sin)`` from ``rope.rope_cos_sin`` at the new tokens'
         positions, ``(T_q, head_dim / 2)`` or ``(B, 1, T_q, head_dim / 2)``
         (self-attention): queries and keys are rotated, keys before they are cached.
+        ``bias`` is added to every head's scaled scores, broadcastable to
+        ``(B, H, T_q, T_k)`` with ``T_k`` counting cached keys (ALiBi's
+        ``alibi_bias(T_q, T_k, slopes)``, ``(H, T_q, T_k)``), on ``query``'s device.
         """
         n_kv = self.n_kv_heads
         q = _split_heads(self.q_proj(query), self.n_heads)  # (B, T_q, D) -> (B, H, T_q, hd)
@@ -172,7 +176,7 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         impl = "manual" if need_weights else self.impl
         out, attn_weights = _attention(q, k, v, mask, is_causal=is_causal, scale=None,
-                                       dropout_p=dropout_p, impl=impl)
+                                       dropout_p=dropout_p, impl=impl, bias=bias)
         out = self.out_proj(_merge_heads(out))  # (B, H, T_q, head_dim) -> (B, T_q, D)
         return out, attn_weights if need_weights else None
 
@@ -358,16 +362,18 @@ class TransformerBlock(nn.Module):
     def _forward(self, x: Tensor, mask: Tensor | None, *, is_causal: bool = False,
                  memory: Tensor | None = None, memory_mask: Tensor | None = None,
                  cache: KVCache | None = None, need_weights: bool = False,
-                 rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
+                 rope: tuple[Tensor, Tensor] | None = None,
+                 bias: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """:meth:`forward` without checks; returns ``(x, self-attention weights or None)``.
 
         ``mask`` and ``memory_mask`` are prepared (combined, on ``x``'s device);
-        ``rope`` is the self-attention's ``(cos, sin)`` (see ``MultiHeadAttention._forward``).
+        ``rope`` is the self-attention's ``(cos, sin)`` and ``bias`` its additive score
+        bias (ALiBi; see ``MultiHeadAttention._forward``); cross-attention gets neither.
         """
         def self_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
             out, weights = self.self_attn._forward(h, h, h, mask, is_causal=is_causal,
                                                    need_weights=need_weights, cache=cache,
-                                                   rope=rope)
+                                                   rope=rope, bias=bias)
             return self.dropout(out), weights
 
         def cross_attention(h: Tensor) -> Tensor:

@@ -9,8 +9,8 @@ attention inside is the code of chapters 4 to 7, with its manual/fused switch
 and prepares the mask (and RoPE's rotations) once; the blocks then run unchecked.
 
 ``GPTConfig`` switches on the modern variants of the chapters before it, each
-off by default: rotary or sinusoidal positions (``pos_encoding``), grouped-query
-attention (``n_kv_heads``) and sliding-window attention (``window``).
+off by default: rotary, sinusoidal or ALiBi positions (``pos_encoding``),
+grouped-query attention (``n_kv_heads``) and sliding-window attention (``window``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from ._validation import (
     check_token_ids,
     check_token_mask,
 )
+from .alibi import _alibi_bias, alibi_slopes
 from .attention import ATTENTION_IMPLS
 from .decoding import KVCache, check_caches, decode, new_caches, pick_next
 from .gqa import check_kv_heads
@@ -48,8 +49,9 @@ __all__ = ["POS_ENCODINGS", "GPTConfig", "MiniGPT", "next_token_loss"]
 
 #: How ``MiniGPT`` tells positions apart (``GPTConfig.pos_encoding``): a learned
 #: table added to the embeddings (GPT-2), chapter 7's fixed sinusoidal table
-#: added the same way, or rotary embeddings of the queries and keys (RoPE).
-POS_ENCODINGS = ("learned", "sinusoidal", "rope")
+#: added the same way, rotary embeddings of the queries and keys (RoPE), or
+#: ALiBi's per-head bias ``-slope * (i - j)`` added to the attention scores.
+POS_ENCODINGS = ("learned", "sinusoidal", "rope", "alibi")
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,8 @@ class GPTConfig:
     circuits far sooner from a larger start such as 0.1 (chapter 11).
 
     Modern variants, each off by default: ``pos_encoding`` is one of
-    ``POS_ENCODINGS`` (``"rope"`` needs an even ``head_dim``); ``n_kv_heads``
+    ``POS_ENCODINGS`` (``"rope"`` needs an even ``head_dim``; ``"alibi"`` adds no
+    parameter and no table, only a fixed bias per head); ``n_kv_heads``
     key/value heads (``None``: ``n_heads``; it must divide ``n_heads``) make
     grouped-query attention, ``1`` multi-query; ``window`` (``None``: the whole
     causal context) lets each token attend only to the last ``window`` positions,
@@ -132,6 +135,7 @@ class MiniGPT(nn.Module):
 
     pos: nn.Embedding | None  # the learned position table (pos_encoding="learned")
     pos_table: Tensor | None  # the fixed sinusoidal table (pos_encoding="sinusoidal")
+    alibi_slopes: Tensor | None  # ALiBi's slope per head (pos_encoding="alibi")
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -144,6 +148,10 @@ class MiniGPT(nn.Module):
         # Fixed, so not saved: a non-persistent buffer (it still follows .to(device)).
         self.register_buffer("pos_table", sinusoidal_table(c.block_size, c.d_model)
                              if c.pos_encoding == "sinusoidal" else None, persistent=False)
+        # Fixed and made from n_heads alone: not saved either. A buffer follows the
+        # model to its device and dtype (meta included), so the bias is made there.
+        self.register_buffer("alibi_slopes", alibi_slopes(c.n_heads)
+                             if c.pos_encoding == "alibi" else None, persistent=False)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = TransformerBlocks(
             TransformerBlock(c.d_model, c.n_heads, dropout=c.dropout, norm_first=True,
@@ -239,12 +247,13 @@ class MiniGPT(nn.Module):
         """Embed ``idx (B, T)`` and run every block; return ``x (B, T, D)`` and the weights."""
         mask, positions = self._mask_and_positions(idx, attention_mask, past)
         rope = self._rope(positions)  # (cos, sin), made once for every block, or None
+        bias = self._alibi(idx.shape[1], past)  # (H, T, T_cache + T), once, or None
         x = self.drop(self._embed(idx, positions))  # (B, T, D)
         weights = []
         for i, block in enumerate(self.blocks):
             x, w = block._forward(x, mask, is_causal=mask is None, need_weights=need_weights,
                                   cache=None if caches is None else caches[i],
-                                  rope=rope)  # (B, T, D)
+                                  rope=rope, bias=bias)  # (B, T, D)
             weights.append(w)
         return x, weights
 
@@ -281,7 +290,7 @@ class MiniGPT(nn.Module):
             return x + self.pos(positions)  # (B, T, D) + ((B,) T, D)
         if self.pos_table is not None:
             return x + self.pos_table[positions].to(x.dtype)  # (B, T, D) + ((B,) T, D)
-        return x  # RoPE: positions enter inside attention
+        return x  # RoPE, ALiBi: positions enter inside attention
 
     def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
         """RoPE's ``(cos, sin)`` at ``positions``, shaped to broadcast over the heads."""
@@ -293,6 +302,19 @@ class MiniGPT(nn.Module):
         if positions.dim() == 2:  # one row of positions per sequence
             cos, sin = cos[:, None], sin[:, None]  # (B, T, hd/2) -> (B, 1, T, hd/2)
         return cos, sin
+
+    def _alibi(self, time: int, past: int) -> Tensor | None:
+        """ALiBi's score bias ``(H, T, T_cache + T)`` for ``T`` new tokens after ``past``.
+
+        Aligned bottom-right: the new queries are the last ``T`` positions, so a
+        cached step gets exactly the rows the full forward pass would. Only the
+        distance ``i - j`` enters, so left padding (which shifts a row's queries
+        and keys alike) changes nothing once its pad keys are masked: no positions
+        from the ``attention_mask`` are needed, unlike RoPE.
+        """
+        if self.alibi_slopes is None:
+            return None
+        return _alibi_bias(time, past + time, self.alibi_slopes)  # (H, T, past + T)
 
     def _check_forward(self, idx: object, targets: object, attention_mask: object,
                        caches: object) -> int:

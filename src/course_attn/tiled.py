@@ -245,7 +245,7 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, seed: Tensor | None,
                 causal_offset: int | None, scale: float, block_q: int, block_k: int,
-                dropout_p: float) -> Tensor:
+                dropout_p: float, bias: Tensor | None) -> Tensor:
         t_q, t_k = q.shape[-2], k.shape[-2]
         out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
         lse = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype, device=q.device)
@@ -258,6 +258,8 @@ class _TiledAttention(torch.autograd.Function):
                                              device=q.device))
             for cols in _key_blocks(rows, t_k, block_k, causal_offset):
                 scores = q[..., rows, :] @ k[..., cols, :].transpose(-2, -1) * scale  # (bq, bk)
+                if bias is not None:
+                    scores = scores + bias[..., rows, cols]  # this block of the bias only
                 allowed = _allowed(mask, causal_offset, rows, cols, q.device)
                 if allowed is not None:
                     scores = scores.masked_fill(~allowed, float("-inf"))
@@ -272,16 +274,18 @@ class _TiledAttention(torch.autograd.Function):
                 state = merge_softmax_states(state, partial)
             out[..., rows, :] = state.result()
             lse[..., rows, :] = state.logsumexp()
-        ctx.save_for_backward(q, k, v, out, lse, mask, seed)
+        ctx.save_for_backward(q, k, v, out, lse, mask, seed, bias)
         ctx.config = (causal_offset, scale, block_q, block_k, dropout_p)
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        q, k, v, out, lse, mask, seed = ctx.saved_tensors
+        q, k, v, out, lse, mask, seed, bias = ctx.saved_tensors
         causal_offset, scale, block_q, block_k, dropout_p = ctx.config
         t_q, t_k = q.shape[-2], k.shape[-2]
         grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        # The bias's gradient is the scores' gradient, (T_q, T_k) in full: only when asked.
+        grad_bias = torch.zeros_like(bias) if ctx.needs_input_grad[10] else None
         # D_i = sum_d dO_i * O_i: the softmax backward's row term, once per query
         # (with dropout too: O already holds the dropped, rescaled weights).
         delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (..., T_q, 1)
@@ -292,6 +296,8 @@ class _TiledAttention(torch.autograd.Function):
             keys = _contain(k[..., cols, :], contained)  # (..., bk, d_k)
             values = _contain(v[..., cols, :], contained)  # (..., bk, d_v)
             scores = q[..., rows, :] @ keys.transpose(-2, -1) * scale  # (..., bq, bk)
+            if bias is not None:
+                scores = scores + bias[..., rows, cols]
             p = torch.exp(scores - safe_lse[..., rows, :])  # the weights, recomputed
             if allowed is not None:
                 p = p.masked_fill(~allowed, 0.0)
@@ -306,7 +312,9 @@ class _TiledAttention(torch.autograd.Function):
             grad_s = p * (grad_p - delta[..., rows, :])  # softmax backward, per block
             grad_q[..., rows, :] += grad_s @ keys * scale
             grad_k[..., cols, :] += grad_s.transpose(-2, -1) @ q[..., rows, :] * scale
-        return grad_q, grad_k, grad_v, None, None, None, None, None, None, None
+            if grad_bias is not None:
+                grad_bias[..., rows, cols] = grad_s  # each score lies in exactly one block
+        return grad_q, grad_k, grad_v, None, None, None, None, None, None, None, grad_bias
 
 
 def tiled_attention(
@@ -320,6 +328,7 @@ def tiled_attention(
     block_q: int = 32,
     block_k: int = 32,
     dropout_p: float = 0.0,
+    bias: Tensor | None = None,
 ) -> Tensor:
     """Scaled dot-product attention computed block by block, never storing ``(T_q, T_k)``.
 
@@ -335,23 +344,29 @@ def tiled_attention(
         dropout_p: dropout on the attention weights (0 = none). The mask is a hash
             of a seed drawn from torch's generator on q's device and of each
             weight's position, regenerated in the backward pass, never stored.
+        bias: optional float tensor broadcastable to ``(..., T_q, T_k)``, added to the
+            scaled scores before the mask (ALiBi, say); each block adds its slice. A
+            broadcast bias is a view: only its gradient, when it requires one, is
+            stored in full.
 
     Returns:
         ``(..., T_q, d_v)``, equal to :func:`~course_attn.attention.scaled_dot_product_attention`
         up to round-off, zero for a query with no allowed key. Half-precision inputs
         are computed in float32. Differentiable (backward by recomputation).
     """
-    from .attention import _check_options, _check_qkv  # one set of checks for every path
+    from .attention import _check_bias, _check_options, _check_qkv  # one set of checks
 
     q, k, v = _check_qkv(q, k, v)
     mask, scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
+    bias = _check_bias(bias, q, k)
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
-    return _tiled(q, k, v, mask, is_causal, scale, dropout_p, block_q, block_k)
+    return _tiled(q, k, v, mask, is_causal, scale, dropout_p, block_q, block_k, bias=bias)
 
 
 def _tiled(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-           scale: float, dropout_p: float, block_q: int = 32, block_k: int = 32) -> Tensor:
+           scale: float, dropout_p: float, block_q: int = 32, block_k: int = 32, *,
+           bias: Tensor | None = None) -> Tensor:
     """:func:`tiled_attention` without its checks (``attention(impl="tiled")`` checked them)."""
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     t_q, t_k = q.shape[-2], k.shape[-2]
@@ -360,10 +375,13 @@ def _tiled(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
     v = v.expand(*batch, t_k, v.shape[-1])
     if mask is not None:
         mask = mask.expand(*batch, t_q, t_k)
+    if bias is not None:
+        bias = bias.expand(*batch, t_q, t_k)  # a view; autograd sums a broadcast gradient
     dtype = q.dtype
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     causal_offset = t_k - t_q if is_causal else None
     seed = _dropout_seed(q.device) if dropout_p > 0.0 else None
     out = _TiledAttention.apply(q.to(work), k.to(work), v.to(work), mask, seed, causal_offset,
-                                float(scale), block_q, block_k, float(dropout_p))
+                                float(scale), block_q, block_k, float(dropout_p),
+                                None if bias is None else bias.to(work))
     return out.to(dtype)
