@@ -1,4 +1,4 @@
-"""Chapter 7: decoding with a KV cache gives the same outputs as recomputing everything.
+"""Chapter 8: decoding with a KV cache gives the same outputs as recomputing everything.
 
 Checked at three levels (multi-head attention, a stack of decoder-only blocks,
 the encoder-decoder's decoder), in float64, batch > 1, with left padding where

@@ -1,4 +1,4 @@
-"""Chapters 7 and 8: decoding one token at a time, with a KV cache.
+"""Chapters 8 and 11: decoding one token at a time, with a KV cache.
 
 One home for what every autoregressive model here shares: the cache of keys
 and values (:class:`KVCache`, one per attention layer), the loop that appends
@@ -22,7 +22,7 @@ __all__ = ["KVCache", "check_caches", "decode", "new_caches", "pick_next"]
 
 
 class KVCache:
-    """Keys and values of the tokens seen so far, for one attention layer (Chapter 7).
+    """Keys and values of the tokens seen so far, for one attention layer (Chapter 8).
 
     Decoding one token at a time, a layer projects only the new token and
     appends its key and value here; the new query then attends to every

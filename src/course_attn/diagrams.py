@@ -752,7 +752,7 @@ def _mask_icon(ax: Axes, left: float, cy: float, kind: str, cell: float = 0.085)
 def encoder_decoder_flow(n_layers: int = 2) -> Figure:
     """Encoder-decoder data flow with its three masks: the encoder's bidirectional self-attention uses the source padding mask, the decoder's self-attention the causal and target padding masks, and the cross-attention of every decoder layer reads the encoder's memory under the source padding mask.
 
-    Chapter 7 (encoder block and decoder block). ``n_layers`` (1 to 3) layers are drawn in
+    Chapter 8 (encoder block and decoder block). ``n_layers`` (1 to 3) layers are drawn in
     each stack; ``T_s`` and ``T_t`` are the source and target lengths.
     """  # noqa: E501
     n_layers = _check_int(n_layers, "n_layers", high=3)
@@ -856,7 +856,7 @@ def encoder_decoder_flow(n_layers: int = 2) -> Figure:
 def kv_cache_steps(steps: int = 4) -> Figure:
     """Decoding with a KV cache, step by step: at step t only the new token's q, k and v are computed, k and v are appended to the cache (T_cache = t) and the one query attends to every cached key, while decoding without the cache recomputes all t queries, keys and values and the whole causal score triangle.
 
-    Chapter 7 (the KV cache) and Chapter 11 (generation). ``steps`` (1 to 5) is the number
+    Chapter 8 (the KV cache) and Chapter 11 (generation). ``steps`` (1 to 5) is the number
     of steps drawn. In each panel the queries are on the left, the keys on top, the values
     on the right and the scores (queries x keys) in the middle.
     """  # noqa: E501

@@ -1,4 +1,4 @@
-"""Chapter 7: a small encoder-decoder Transformer, decoding with a KV cache.
+"""Chapter 8: a small encoder-decoder Transformer, decoding with a KV cache.
 
 Everything here is assembled from :class:`~course_attn.layers.TransformerBlock`:
 an :class:`Encoder` (bidirectional self-attention over the real source tokens),
@@ -40,7 +40,7 @@ __all__ = ["Decoder", "Encoder", "EncoderDecoder", "EncoderDecoderConfig"]
 
 @dataclass(frozen=True)
 class EncoderDecoderConfig:
-    """Sizes of an :class:`EncoderDecoder` (Chapter 7); validated on creation.
+    """Sizes of an :class:`EncoderDecoder` (Chapter 8); validated on creation.
 
     ``max_len`` bounds the positions of either side; ``d_ff=None`` means ``4 * d_model``.
     ``norm_first=True`` is pre-norm (the stacks then end with a final LayerNorm,
@@ -81,7 +81,7 @@ def _key_mask(attention_mask: Tensor | None, device: torch.device) -> Tensor | N
 
 
 class Encoder(nn.Module):
-    """Token embedding + sinusoidal positions, then ``n_layers`` encoder blocks (Chapter 7).
+    """Token embedding + sinusoidal positions, then ``n_layers`` encoder blocks (Chapter 8).
 
     ``forward(src (B, T_s) long, src_attention_mask (B, T_s) bool) -> memory (B, T_s, D)``.
     Self-attention is bidirectional; padded keys are masked in every layer.
@@ -124,7 +124,7 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Embedding + positions, ``n_layers`` decoder blocks, final norm and LM head (Chapter 7).
+    """Embedding + positions, ``n_layers`` decoder blocks, final norm and LM head (Chapter 8).
 
     Each block runs causal self-attention over the target, cross-attention to
     ``memory`` (the encoder output) and the feed-forward network. With
@@ -204,7 +204,7 @@ class Decoder(nn.Module):
 
 
 class EncoderDecoder(nn.Module):
-    """The 2017 Transformer layout in miniature (Chapter 7): encoder, decoder, LM head.
+    """The 2017 Transformer layout in miniature (Chapter 8): encoder, decoder, LM head.
 
     ``forward(src (B, T_s), tgt (B, T_t), *, src_attention_mask, tgt_attention_mask)
     -> logits (B, T_t, V_tgt)``. The decoder's cross-attention masks exactly the

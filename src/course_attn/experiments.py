@@ -1,4 +1,4 @@
-"""Chapter 7's two experiments: gradients through a deep stack, and the cost of decoding.
+"""Two experiments: gradients through deep stacks (chapter 7), the cost of decoding (chapter 8).
 
 :func:`block_gradient_norms` compares pre-norm and post-norm stacks at
 initialisation; :func:`decode_step_seconds` times one decoding step with and

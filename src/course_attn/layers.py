@@ -83,7 +83,7 @@ def _merge_heads(x: Tensor) -> Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention, self or cross (Chapter 6), with an optional KV cache (Chapter 7).
+    """Multi-head attention, self or cross (Chapter 6), with an optional KV cache (Chapter 8).
 
     ``H`` heads of width ``head_dim = d_model / H`` attend in parallel, each in its
     own subspace; their outputs are concatenated and mixed by ``out_proj``.

@@ -196,7 +196,7 @@ class MiniGPT(nn.Module):
         return 6 * self.num_parameters(non_embedding=True) + attention
 
     def new_caches(self) -> list[KVCache]:
-        """One empty :class:`KVCache` per block, for incremental decoding (chapter 7)."""
+        """One empty :class:`KVCache` per block, for incremental decoding (chapter 8)."""
         return new_caches(len(self.blocks))
 
     # ---------------------------------------------------------------- forward

@@ -1,4 +1,4 @@
-"""Sequence-to-sequence tasks with exact answers, for training the encoder-decoder (chapter 7).
+"""Sequence-to-sequence tasks with exact answers, for training the encoder-decoder (chapter 8).
 
 A task draws random token sequences of random lengths and asks for a
 transformation whose right answer is known exactly: :class:`ReverseTask`
@@ -227,7 +227,7 @@ def greedy_answers(model: EncoderDecoder, batch: Seq2SeqBatch, *,
 
     The decoder starts from ``BOS`` alone and runs ``T_t`` steps (the longest
     answer and its ``EOS``). ``src_attention_mask`` replaces the batch's own,
-    to measure what a wrong cross-attention mask costs (chapter 7); it must
+    to measure what a wrong cross-attention mask costs (chapter 8); it must
     have the shape of ``batch.src``.
     """
     model = _check_model(model)

@@ -12,7 +12,7 @@ last good checkpoint kept.
 One loop trains both kinds of model: a :class:`~course_attn.model.MiniGPT` on
 next-token batches (text or a synthetic task), and an
 :class:`~course_attn.encoder_decoder.EncoderDecoder` on a
-:class:`~course_attn.seq2seq.Seq2SeqTask` (chapter 7). What differs is only
+:class:`~course_attn.seq2seq.Seq2SeqTask` (chapter 8). What differs is only
 how a batch is drawn and how its loss is computed (``_Objective``).
 
 The trainer's other jobs live beside it, and their public names are
