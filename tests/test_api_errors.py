@@ -445,6 +445,10 @@ case("viz.plot_heads", "axes", ValueError, lambda: viz.plot_heads(W2[None], axes
 case("viz.plot_heatmap", "matrix", TypeError, lambda: viz.plot_heatmap(None))
 case("viz.plot_heatmap", "matrix", ValueError, lambda: viz.plot_heatmap(torch.ones(2, 2, 2)))
 case("viz.plot_heatmap", "ax", TypeError, lambda: viz.plot_heatmap(W2, ax="ax"))
+case("viz.plot_training", "result", TypeError, lambda: viz.plot_training([1.0, 2.0]))
+case("viz.plot_training", "smooth", ValueError,
+     lambda: viz.plot_training(course_attn.TrainResult(
+         train_losses=[1.0], learning_rates=[0.1]), smooth=0))
 case("viz.interactive_plot", "draw", TypeError, lambda: viz.interactive_plot("draw"))
 case("viz.interactive_plot", "control 'x'", TypeError,
      lambda: viz.interactive_plot(lambda x: None, x=3))
