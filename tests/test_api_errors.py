@@ -475,6 +475,10 @@ case("merge_softmax_states", "b", TypeError,
 case("merge_softmax_states", "a", ValueError,
      lambda: merge_softmax_states(SoftmaxState(torch.zeros(2, 1), torch.ones(2, 1)),
                                   SoftmaxState(torch.zeros(3, 1), torch.ones(3, 1))))
+case("viz.plot_training", "result", TypeError, lambda: viz.plot_training([1.0, 2.0]))
+case("viz.plot_training", "smooth", ValueError,
+     lambda: viz.plot_training(course_attn.TrainResult(
+         train_losses=[1.0], learning_rates=[0.1]), smooth=0))
 case("viz.interactive_plot", "draw", TypeError, lambda: viz.interactive_plot("draw"))
 case("viz.interactive_plot", "control 'x'", TypeError,
      lambda: viz.interactive_plot(lambda x: None, x=3))

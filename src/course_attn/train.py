@@ -24,12 +24,13 @@ command line ``python -m course_attn.train`` (:mod:`course_attn.cli`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -236,9 +237,16 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    """What a run produced: loss history, final losses and speed (chapter 11)."""
+    """What a run produced: loss history, final losses and speed (chapter 11).
+
+    ``train_losses`` and ``learning_rates`` hold one entry per iteration: the
+    loss of that iteration's batch (before its optimizer step) and the
+    learning rate that step used. The ``eval_*`` lists hold one entry per
+    evaluation.
+    """
 
     train_losses: list[float] = field(default_factory=list)  # one per iteration
+    learning_rates: list[float] = field(default_factory=list)  # one per iteration
     eval_iters: list[int] = field(default_factory=list)  # iterations at which we evaluated
     eval_train_losses: list[float] = field(default_factory=list)
     eval_val_losses: list[float] = field(default_factory=list)
@@ -249,7 +257,8 @@ class TrainResult:
     elapsed_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("train_losses", "eval_iters", "eval_train_losses", "eval_val_losses"):
+        for name in ("train_losses", "learning_rates", "eval_iters", "eval_train_losses",
+                     "eval_val_losses"):
             value = getattr(self, name)
             if not isinstance(value, list) or not all(
                     isinstance(v, int | float) and not isinstance(v, bool) for v in value):
@@ -286,6 +295,7 @@ class TrainResult:
         return {
             "format": METRICS_FORMAT,
             "train_loss_history": self.train_losses,
+            "learning_rate_history": self.learning_rates,
             "eval_iters": self.eval_iters,
             "eval_train_loss_history": self.eval_train_losses,
             "val_loss_history": self.eval_val_losses,
@@ -440,6 +450,26 @@ class TrainingDiverged(ValueError):
         self.checkpoint_iter = checkpoint_iter
 
 
+#: What :func:`train` calls after each evaluation: ``on_eval(iteration, model, result)``.
+OnEval = Callable[[int, MiniGPT | EncoderDecoder, TrainResult], object]
+
+
+@contextlib.contextmanager
+def _random_state_kept(device: torch.device) -> Iterator[None]:
+    """Put back the global random states (CPU, and ``device``'s) on leaving the block."""
+    cpu = torch.get_rng_state()
+    accelerator = (torch.cuda.get_rng_state(device) if device.type == "cuda"
+                   else torch.mps.get_rng_state() if device.type == "mps" else None)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if accelerator is not None and device.type == "cuda":
+            torch.cuda.set_rng_state(accelerator, device)
+        elif accelerator is not None:
+            torch.mps.set_rng_state(accelerator)
+
+
 def _weights_finite(model: nn.Module) -> bool:
     flags = [p.detach().isfinite().all() for p in model.parameters()]
     return bool(torch.stack(flags).all())  # one read-back for all tensors
@@ -450,9 +480,10 @@ class _Run:
 
     def __init__(self, model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
                  config: TrainConfig, *,
-                 checkpoint_path: str | os.PathLike[str] | None, meta: dict[str, Any]) -> None:
+                 checkpoint_path: str | os.PathLike[str] | None, meta: dict[str, Any],
+                 on_eval: OnEval | None = None) -> None:
         self.model, self.data, self.config = model, data, config
-        self.checkpoint_path, self.meta = checkpoint_path, meta
+        self.checkpoint_path, self.meta, self.on_eval = checkpoint_path, meta, on_eval
         self.device = pick_device(config.device)
         model.to(self.device)
         self.optimizer = _make_optimizer(model, config, self.device)
@@ -465,6 +496,7 @@ class _Run:
         self.result = TrainResult(n_params=_num_parameters(model), device=str(self.device))
         self.start = 0  # the first iteration: 0, or the checkpoint's when resuming
         self.pending: list[Tensor] = []  # this stretch's losses, still on the device
+        self.pending_lrs: list[float] = []  # and the learning rates of their steps
         self.saved_iter: int | None = None  # the last checkpoint this run wrote
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
@@ -475,6 +507,9 @@ class _Run:
         for name, values in history.items():
             setattr(self.result, name, values)
         self.start = checkpoint["iter"]
+        # Not stored: check_resume allows no change to the schedule before `start`.
+        self.result.learning_rates = [learning_rate(it, self.config)
+                                      for it in range(self.start)]
 
     def run(self) -> TrainResult:
         """Iterate from ``start`` to ``max_iters``: step; read back, evaluate and save at times."""
@@ -507,8 +542,9 @@ class _Run:
     def _step(self, step_model: Callable[..., Any], it: int) -> None:
         """One optimizer step on one batch; its loss stays on the device (no sync)."""
         config, optimizer, scaler = self.config, self.optimizer, self.scaler
+        lr = learning_rate(it, config)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(it, config)
+            group["lr"] = lr
         batch = self.objective.batch("train", self.generator, self.device)
         with _autocast(self.device, self.dtype):
             loss = self.objective.loss(step_model, batch)
@@ -520,18 +556,23 @@ class _Run:
         scaler.step(optimizer)
         scaler.update()
         self.pending.append(loss.detach())
+        self.pending_lrs.append(lr)
 
     def _read_back(self, done: int, *, timed: bool) -> None:
         """Fetch the pending losses (the host waits for the device here), then time the stretch."""
         values = torch.stack(self.pending).tolist() if self.pending else []
+        lrs = self.pending_lrs[:]
         self.pending.clear()
+        self.pending_lrs.clear()
         bad = next((i for i, value in enumerate(values) if not math.isfinite(value)), None)
         if bad is not None:
             self.result.train_losses.extend(values[:bad])
+            self.result.learning_rates.extend(lrs[:bad])
             iteration = len(self.result.train_losses) + 1
             raise self._diverged(iteration, values[bad],
                                  f"the training loss of iteration {iteration} is {values[bad]}")
         self.result.train_losses.extend(values)
+        self.result.learning_rates.extend(lrs)
         if values:
             self.bar.set_postfix(loss=f"{values[-1]:.4f}", refresh=False)
         now = time.perf_counter()
@@ -554,7 +595,16 @@ class _Run:
                              val=f"{losses['val']:.4f}")
         if self.checkpoint_path is not None:
             self._save(done)
+        if self.on_eval is not None:
+            self._call_on_eval(done)
         self.mark_time = time.perf_counter()  # evaluation is not training time
+
+    def _call_on_eval(self, done: int) -> None:
+        """Hand the model to the caller; whatever the callback does, the run goes on unchanged."""
+        assert self.on_eval is not None
+        with _random_state_kept(self.device):  # dropout's random numbers stay the run's own
+            self.on_eval(done, self.model, self.result)
+        self.model.train()  # the callback may have left it in eval mode
 
     def _save(self, done: int) -> None:
         if not _weights_finite(self.model):  # never overwrite good weights with bad ones
@@ -595,8 +645,11 @@ class _Run:
 
 
 def _check_train_arguments(model: object, data: object, config: object, meta: object,
-                           resume_from: object) -> None:
+                           resume_from: object, on_eval: object) -> None:
     _check_model_and_data(model, data)
+    if on_eval is not None and not callable(on_eval):
+        raise TypeError(f"on_eval must be a callable on_eval(iteration, model, result) or "
+                        f"None, got {type(on_eval).__name__}")
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     if meta is not None and not isinstance(meta, dict):
@@ -623,7 +676,8 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
           config: TrainConfig, *,
           checkpoint_path: str | os.PathLike[str] | None = None,
           resume_from: dict[str, Any] | str | os.PathLike[str] | None = None,
-          meta: dict[str, Any] | None = None) -> TrainResult:
+          meta: dict[str, Any] | None = None,
+          on_eval: OnEval | None = None) -> TrainResult:
     """Train ``model`` on batches from ``data`` for ``config.max_iters`` iterations.
 
     ``model`` is a :class:`MiniGPT` with next-token ``data`` (a
@@ -659,8 +713,17 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     :class:`TrainingDiverged` carries the result so far, and the checkpoint on
     disk stays the last one with finite weights (evaluation losses and weights
     are checked before every save).
+
+    ``on_eval(iteration, model, result)`` is called after every evaluation
+    (and its checkpoint), with the model being trained and the result so far
+    (``result.eval_iters[-1] == iteration``; read it, do not change it): a
+    place to draw a sample or take a measurement as the run goes (chapter 11
+    prints a sample at each evaluation). Whatever it does changes nothing
+    about the run: the global random states (which dropout draws from) and the
+    model's training mode are put back afterwards, and its time is left out of
+    ``ms_per_iter``, so the losses are exactly those of a run without it.
     """
-    _check_train_arguments(model, data, config, meta, resume_from)
+    _check_train_arguments(model, data, config, meta, resume_from, on_eval)
     _refuse_checkpoints(model, checkpoint_path, resume_from)
     meta = dict(meta or {})
     checkpoint = None
@@ -669,7 +732,8 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
                                         dataclasses.asdict(config), meta)
     if checkpoint_path is not None:
         check_checkpoint_path(checkpoint_path, "checkpoint_path")
-    run = _Run(model, data, config, checkpoint_path=checkpoint_path, meta=meta)
+    run = _Run(model, data, config, checkpoint_path=checkpoint_path, meta=meta,
+               on_eval=on_eval)
     if checkpoint is not None:
         run.restore(checkpoint)
     return run.run()

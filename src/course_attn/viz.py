@@ -22,6 +22,7 @@ __all__ = [
     "plot_heatmap",
     "plot_heads",
     "plot_mask",
+    "plot_training",
 ]
 
 
@@ -275,6 +276,85 @@ def plot_curves(
     if title:
         ax.set_title(title)
     return ax
+
+
+def plot_training(
+    result: object,
+    *,
+    axes: Sequence[Axes] | None = None,
+    smooth: int = 50,
+    floor: float | None = None,
+    title: str | None = None,
+) -> list[Axes]:
+    """A training run, iteration by iteration (chapter 11): the loss above, the learning rate below.
+
+    ``result`` is a :class:`~course_attn.train.TrainResult` (or anything with its
+    lists ``train_losses`` and ``learning_rates``, one entry per iteration, and
+    ``eval_iters``, ``eval_train_losses``, ``eval_val_losses``). The upper panel
+    draws every iteration's batch loss (faint), its mean over the last ``smooth``
+    iterations, and the evaluations of both splits (markers); ``floor``, if
+    given, is drawn dashed as the best possible loss. The lower panel draws the
+    learning rate of every iteration. Iterations count from 1, as
+    ``eval_iters`` do. Without ``axes`` a new 7 x 5 inch figure is made.
+    Returns ``[loss_axes, lr_axes]``.
+    """
+    names = ("train_losses", "learning_rates", "eval_iters", "eval_train_losses",
+             "eval_val_losses")
+    missing = [name for name in names if not hasattr(result, name)]
+    if missing:
+        raise TypeError(f"result must be a TrainResult (with {', '.join(names)}), got "
+                        f"{type(result).__name__} without {', '.join(missing)}")
+    series = {name: _to_numpy(getattr(result, name), f"result.{name}") for name in names}
+    losses, rates, at = series["train_losses"], series["learning_rates"], series["eval_iters"]
+    evals = {split: series[f"eval_{split}_losses"] for split in ("train", "val")}
+    if losses.ndim != 1 or losses.size == 0:
+        raise ValueError(f"result.train_losses must be a non-empty list, one loss per "
+                         f"iteration, got shape {losses.shape}")
+    if rates.shape != losses.shape:
+        raise ValueError(f"result.learning_rates must have one entry per iteration "
+                         f"({losses.size}), got shape {rates.shape}")
+    for split, values in evals.items():
+        if values.shape != at.shape:
+            raise ValueError(f"result.eval_{split}_losses must have one entry per evaluation "
+                             f"({at.size}), got shape {values.shape}")
+    if isinstance(smooth, bool) or not isinstance(smooth, int | np.integer) or smooth < 1:
+        raise ValueError(f"smooth must be a positive int (iterations), got {smooth!r}")
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, int | float)
+                              or not np.isfinite(floor)):
+        raise TypeError(f"floor must be a finite number or None, got {floor!r}")
+    if axes is None:
+        fig, grid = plt.subplots(2, 1, figsize=(7.0, 5.0), sharex=True,
+                                 gridspec_kw={"height_ratios": [2, 1]})
+        axes = list(grid)
+    elif not hasattr(axes, "__len__") or isinstance(axes, Axes) or len(axes) != 2:
+        raise TypeError("axes must be a sequence of 2 matplotlib Axes (loss, learning rate) "
+                        "or None")
+    for ax in axes:
+        _check_ax(ax, "axes")
+    loss_ax, lr_ax = axes
+    its = np.arange(1, losses.size + 1)
+    window = min(smooth, losses.size)
+    loss_ax.plot(its, losses, color="tab:blue", alpha=0.25, linewidth=0.7,
+                 label="batch loss, every iteration")
+    mean = np.convolve(losses, np.ones(window) / window, mode="valid")  # trailing means
+    loss_ax.plot(its[window - 1:], mean, color="tab:blue",
+                 label=f"mean of the last {window} iterations")
+    loss_ax.plot(at, evals["train"], "o-", color="tab:orange", markersize=4,
+                 label="evaluation: training split")
+    loss_ax.plot(at, evals["val"], "s-", color="tab:green", markersize=4,
+                 label="evaluation: validation split")
+    if floor is not None:
+        loss_ax.axhline(floor, color="black", linestyle="--", linewidth=1,
+                        label="theory: floor")
+    loss_ax.set_ylabel("loss (nats)")
+    loss_ax.legend(fontsize=8)
+    if title:
+        loss_ax.set_title(title)
+    lr_ax.plot(its, rates, color="tab:red")
+    lr_ax.set_xlabel("iteration")
+    lr_ax.set_ylabel("learning rate")
+    lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+    return [loss_ax, lr_ax]
 
 
 def plot_mask(
