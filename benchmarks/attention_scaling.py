@@ -1,13 +1,13 @@
 """Peak memory and time of attention against the length T: manual, tiled and SDPA (chapter 8).
 
-For each length T and each path of ``course_attn.attention`` (``impl="manual"``,
+For each length T and each path of ``course_attn.core.attention`` (``impl="manual"``,
 ``"tiled"``, ``"sdpa"``) it measures, on the same random ``(B, H, T, head_dim)``
 inputs, causal self-attention:
 
 * **peak memory** of one forward call (under ``torch.no_grad``, as in inference),
   and of one forward + backward call
   (gradients of q, k and v included), in bytes held beyond what was allocated
-  before the call, with :func:`course_attn.measure.peak_memory_bytes`.
+  before the call, with :func:`course_attn.lab.measure.peak_memory_bytes`.
   On the CPU that function replays the allocation and free records of
   ``torch.profiler`` (``profile_memory=True``): every tensor the call creates,
   every tensor autograd saves and every scratch buffer PyTorch's kernels take
@@ -15,7 +15,7 @@ inputs, causal self-attention:
   (Memory a math library takes from the system by itself is not seen.) On CUDA
   it is ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
 * **time**: the median of ``--repeats`` calls after one warm-up
-  (:func:`course_attn.measure.median_seconds`, which synchronises a GPU).
+  (:func:`course_attn.lab.measure.median_seconds`, which synchronises a GPU).
 
 The three paths are measured one after the other for each T, so they see the
 same machine load; every ratio printed is between figures of this run. The
@@ -41,9 +41,9 @@ import math
 
 import torch
 
-from course_attn.attention import attention
+from course_attn.core.attention import attention
 from course_attn.env import pick_device
-from course_attn.measure import median_seconds, peak_memory_bytes, sdpa_backend
+from course_attn.lab.measure import median_seconds, peak_memory_bytes, sdpa_backend
 
 IMPLS = ("manual", "tiled", "sdpa")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,

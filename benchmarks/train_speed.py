@@ -31,9 +31,9 @@ import warnings
 
 import torch
 
-from course_attn.data import CharCorpus
+from course_attn.data.text import CharCorpus
 from course_attn.env import pick_device
-from course_attn.model import GPTConfig, MiniGPT
+from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import PRESETS, TrainConfig, amp_dtype, gpu_peak_flops, train
 
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from course_attn.alibi import alibi_attention, alibi_bias, alibi_slopes
-from course_attn.masks import causal_mask, padding_mask
+from course_attn.core.masks import causal_mask, padding_mask
+from course_attn.modern.alibi import alibi_attention, alibi_bias, alibi_slopes
 
 TIGHT = {"rtol": 1e-12, "atol": 1e-12}
 

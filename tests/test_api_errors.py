@@ -65,8 +65,9 @@ from course_attn import (
 matplotlib.use("Agg")
 
 SWEPT_MODULES = {f"course_attn.{m}" for m in (
-    "attention", "masks", "layers", "model", "encoder_decoder", "env", "softmax",
-    "self_attention", "tiled", "viz", "decoding", "experiments")}
+    "core.attention", "core.masks", "core.layers", "models.gpt", "models.encoder_decoder", "env",
+    "core.softmax", "core.self_attention", "core.tiled", "lab.viz", "models.decoding",
+    "lab.experiments")}
 # analysis: swept in test_train_api_errors; measure: in test_measure
 
 # Targets that cannot take one of the two kinds of bad argument, and why.

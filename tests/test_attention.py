@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from course_attn.attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
-from course_attn.masks import causal_mask
+from course_attn.core.attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
+from course_attn.core.masks import causal_mask
 
 
 def _random_case(seed: int, dtype: torch.dtype):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_attn.analysis import induction_attention_score, offset_attention_score
-from course_attn.data import (
+from course_attn.data.tasks import CopyTask, RecallTask, make_task
+from course_attn.data.text import (
     DEFAULT_CORPUS_MODULES,
     CharCorpus,
     CharTokenizer,
@@ -25,7 +25,7 @@ from course_attn.data import (
     load_text,
     train_val_split,
 )
-from course_attn.tasks import CopyTask, RecallTask, make_task
+from course_attn.lab.analysis import induction_attention_score, offset_attention_score
 
 TEXT = "To be, or not to be: that is the question.\nWhether 'tis nobler...\n"
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_attn.attention import ATTENTION_IMPLS, attention
-from course_attn.data import CharCorpus, to_device
-from course_attn.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from course_attn.layers import MultiHeadAttention, PositionalEncoding, TransformerBlock
-from course_attn.masks import causal_mask, padding_mask
-from course_attn.model import GPTConfig, MiniGPT
-from course_attn.tasks import CopyTask
+from course_attn.core.attention import ATTENTION_IMPLS, attention
+from course_attn.core.layers import MultiHeadAttention, PositionalEncoding, TransformerBlock
+from course_attn.core.masks import causal_mask, padding_mask
+from course_attn.data.tasks import CopyTask
+from course_attn.data.text import CharCorpus, to_device
+from course_attn.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from course_attn.models.gpt import GPTConfig, MiniGPT
 
 META = torch.device("meta")
 V, T = 11, 6
@@ -118,7 +118,7 @@ def test_multi_head_attention_on_meta_with_every_mask(impl, masks):
 def test_multi_head_attention_cache_and_cross_attention_on_meta():
     with META:
         mha = MultiHeadAttention(16, 2, impl="sdpa").eval()
-    from course_attn.layers import KVCache
+    from course_attn.core.layers import KVCache
 
     cache = KVCache()
     x = torch.randn(2, T, 16, device=META)

@@ -1,4 +1,4 @@
-"""course_attn.diagrams: the seven explanatory drawings (issue 15).
+"""course_attn.lab.diagrams: the seven explanatory drawings (issue 15).
 
 Each diagram must draw, fit the 700 px column, carry a title and alt text, show the shapes
 its arguments imply, keep its labels apart and inside the figure, use one colour per role,
@@ -26,7 +26,7 @@ from matplotlib.text import Text  # noqa: E402
 
 import course_attn  # noqa: E402
 from course_attn import diagrams, split_heads  # noqa: E402
-from course_attn.diagrams import DIAGRAMS, ROLE_COLORS  # noqa: E402
+from course_attn.lab.diagrams import DIAGRAMS, ROLE_COLORS  # noqa: E402
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_registry_lists_the_seven_diagrams_and_the_package_exports_the_module():
                               "encoder_decoder_flow", "kv_cache_steps"]
     for name, func in DIAGRAMS.items():
         assert func is getattr(diagrams, name) and name in diagrams.__all__
-    assert course_attn.diagrams is diagrams and "diagrams" in course_attn.__all__
+    assert course_attn.lab.diagrams is diagrams and "diagrams" in course_attn.__all__
 
 
 @pytest.mark.parametrize("name", list(DIAGRAMS))

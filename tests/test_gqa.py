@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from course_attn.attention import ATTENTION_IMPLS, attention
-from course_attn.gqa import check_kv_heads, grouped_query_attention, repeat_kv
-from course_attn.layers import KVCache
-from course_attn.masks import causal_mask, padding_mask
+from course_attn.core.attention import ATTENTION_IMPLS, attention
+from course_attn.core.layers import KVCache
+from course_attn.core.masks import causal_mask, padding_mask
+from course_attn.modern.gqa import check_kv_heads, grouped_query_attention, repeat_kv
 
 TIGHT = {"rtol": 1e-12, "atol": 1e-12}
 GROUPINGS = [(8, 8), (8, 4), (8, 2), (8, 1), (6, 3)]  # (n_heads, n_kv_heads): MHA .. MQA

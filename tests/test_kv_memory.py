@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_attn.kv_memory import KV_CACHE_KINDS, kv_cache_bytes
-from course_attn.latent import LatentKVCache, MultiHeadLatentAttention
-from course_attn.layers import KVCache
-from course_attn.linear_attention import LinearAttentionState, linear_attention_recurrent
-from course_attn.sliding_window import RollingKVCache
+from course_attn.core.layers import KVCache
+from course_attn.modern.kv_memory import KV_CACHE_KINDS, kv_cache_bytes
+from course_attn.modern.latent import LatentKVCache, MultiHeadLatentAttention
+from course_attn.modern.linear_attention import LinearAttentionState, linear_attention_recurrent
+from course_attn.modern.sliding_window import RollingKVCache
 
 B, T, H, HD, N_LAYERS = 2, 11, 4, 8, 3
 

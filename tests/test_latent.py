@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from course_attn.attention import ATTENTION_IMPLS
-from course_attn.latent import LatentKVCache, MultiHeadLatentAttention
-from course_attn.layers import MultiHeadAttention
-from course_attn.masks import padding_mask, positions_from_attention_mask
+from course_attn.core.attention import ATTENTION_IMPLS
+from course_attn.core.layers import MultiHeadAttention
+from course_attn.core.masks import padding_mask, positions_from_attention_mask
+from course_attn.modern.latent import LatentKVCache, MultiHeadLatentAttention
 
 TIGHT = {"rtol": 1e-10, "atol": 1e-10}
 D, H, L = 16, 4, 6

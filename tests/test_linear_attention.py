@@ -7,13 +7,13 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from course_attn.linear_attention import (
+from course_attn.core.masks import causal_mask, padding_mask
+from course_attn.modern.linear_attention import (
     LinearAttentionState,
     elu_feature_map,
     linear_attention,
     linear_attention_recurrent,
 )
-from course_attn.masks import causal_mask, padding_mask
 
 TIGHT = {"rtol": 1e-12, "atol": 1e-12}
 

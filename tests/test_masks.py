@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from torch.nn.attention.bias import causal_lower_right
 from torch.testing import assert_close
 
-from course_attn.attention import ATTENTION_IMPLS, attention
-from course_attn.layers import MultiHeadAttention
-from course_attn.masks import (
+from course_attn.core.attention import ATTENTION_IMPLS, attention
+from course_attn.core.layers import MultiHeadAttention
+from course_attn.core.masks import (
     causal_mask,
     combine_masks,
     padding_mask,
@@ -492,7 +492,7 @@ def test_plot_mask_draws_the_mask():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from course_attn.viz import plot_mask
+    from course_attn.lab.viz import plot_mask
 
     mask = causal_mask(2, 4)
     ax = plot_mask(mask, x_labels=list("abcd"), title="bottom-right")

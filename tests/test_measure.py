@@ -1,4 +1,4 @@
-"""course_attn.measure: peak memory, time, saved tensors, operator counts, the SDPA kernel."""
+"""course_attn.lab.measure: peak memory, time, saved tensors, operator counts, the SDPA kernel."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_attn.attention import attention
-from course_attn.measure import (
+from course_attn.core.attention import attention
+from course_attn.core.tiled import tiled_attention
+from course_attn.lab.measure import (
     SDPA_BACKENDS,
     count_ops,
     median_seconds,
@@ -18,7 +19,6 @@ from course_attn.measure import (
     saved_tensor_bytes,
     sdpa_backend,
 )
-from course_attn.tiled import tiled_attention
 
 MB = 1_000_000
 

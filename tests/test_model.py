@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_attn.decoding import pick_next
-from course_attn.layers import TransformerBlock
-from course_attn.model import GPTConfig, MiniGPT
+from course_attn.core.layers import TransformerBlock
+from course_attn.models.decoding import pick_next
+from course_attn.models.gpt import GPTConfig, MiniGPT
 
 V = 13
 

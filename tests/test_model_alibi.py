@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from course_attn.alibi import alibi_attention, alibi_bias, alibi_slopes
-from course_attn.attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
-from course_attn.layers import _split_heads
-from course_attn.masks import causal_mask
-from course_attn.model import GPTConfig, MiniGPT
-from course_attn.tiled import tiled_attention
+from course_attn.core.attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
+from course_attn.core.layers import _split_heads
+from course_attn.core.masks import causal_mask
+from course_attn.core.tiled import tiled_attention
+from course_attn.models.gpt import GPTConfig, MiniGPT
+from course_attn.modern.alibi import alibi_attention, alibi_bias, alibi_slopes
 
 V = 13
 TIGHT = {"rtol": 0, "atol": 1e-12}

@@ -16,12 +16,12 @@ import dataclasses
 import pytest
 import torch
 
-from course_attn.attention import ATTENTION_IMPLS
-from course_attn.checkpoint import CHECKPOINT_FORMAT, model_from_checkpoint
-from course_attn.gqa import repeat_kv
-from course_attn.layers import MultiHeadAttention, sinusoidal_table
-from course_attn.masks import padding_mask
-from course_attn.model import POS_ENCODINGS, GPTConfig, MiniGPT
+from course_attn.core.attention import ATTENTION_IMPLS
+from course_attn.core.layers import MultiHeadAttention, sinusoidal_table
+from course_attn.core.masks import padding_mask
+from course_attn.models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
+from course_attn.modern.gqa import repeat_kv
+from course_attn.train.checkpoint import CHECKPOINT_FORMAT, model_from_checkpoint
 
 V = 13
 META = torch.device("meta")

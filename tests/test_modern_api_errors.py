@@ -15,10 +15,10 @@ import re
 import pytest
 import torch
 
-from course_attn import alibi, gqa, kv_memory, latent, rope, sliding_window
+from course_attn.modern import alibi, gqa, kv_memory, latent, rope, sliding_window
 
 # course_attn.linear_attention is the function (as course_attn.attention is): get the module.
-linear_attention = importlib.import_module("course_attn.linear_attention")
+linear_attention = importlib.import_module("course_attn.modern.linear_attention")
 
 MODULES = (rope, alibi, gqa, kv_memory, sliding_window, latent, linear_attention)
 NOT_CALLED = {"KV_CACHE_KINDS"}

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from course_attn.attention import ATTENTION_IMPLS
-from course_attn.layers import KVCache, MultiHeadAttention, merge_heads, split_heads
-from course_attn.masks import causal_mask, padding_mask, to_torch_mha_mask
+from course_attn.core.attention import ATTENTION_IMPLS
+from course_attn.core.layers import KVCache, MultiHeadAttention, merge_heads, split_heads
+from course_attn.core.masks import causal_mask, padding_mask, to_torch_mha_mask
 
 F64 = {"atol": 1e-10, "rtol": 1e-10}
 F32 = {"atol": 1e-5, "rtol": 1e-6}
@@ -363,7 +363,7 @@ def test_plot_heads_one_heatmap_per_head():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from course_attn.viz import plot_heads
+    from course_attn.lab.viz import plot_heads
 
     torch.manual_seed(90)
     _, weights = MultiHeadAttention(8, 4)(torch.randn(1, 3, 8), need_weights=True)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from course_attn.layers import sinusoidal_table
-from course_attn.masks import padding_mask, positions_from_attention_mask
-from course_attn.rope import apply_rope, apply_rotary, rope_cos_sin, sinusoid_angles
+from course_attn.core.layers import sinusoidal_table
+from course_attn.core.masks import padding_mask, positions_from_attention_mask
+from course_attn.modern.rope import apply_rope, apply_rotary, rope_cos_sin, sinusoid_angles
 
 TIGHT = {"rtol": 1e-12, "atol": 1e-12}
 

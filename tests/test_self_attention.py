@@ -10,8 +10,8 @@ from torch import nn
 from torch.testing import assert_close
 
 from course_attn import SelfAttention, simple_self_attention
-from course_attn.attention import scaled_dot_product_attention
-from course_attn.masks import causal_mask
+from course_attn.core.attention import scaled_dot_product_attention
+from course_attn.core.masks import causal_mask
 
 
 def _x(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -8,10 +8,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from course_attn import seq2seq
-from course_attn.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from course_attn.model import GPTConfig, MiniGPT
-from course_attn.seq2seq import (
+from course_attn.data import seq2seq
+from course_attn.data.seq2seq import (
     BOS,
     EOS,
     PAD,
@@ -23,7 +21,9 @@ from course_attn.seq2seq import (
     greedy_answers,
     seq2seq_loss,
 )
-from course_attn.tasks import CopyTask
+from course_attn.data.tasks import CopyTask
+from course_attn.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import TrainConfig, estimate_loss, train
 
 TASK = ReverseTask(n_symbols=6, min_len=2, max_len=6)

@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from course_attn.attention import ATTENTION_IMPLS, attention
-from course_attn.gqa import grouped_query_attention
-from course_attn.masks import causal_mask, padding_mask
-from course_attn.rope import apply_rope
-from course_attn.sliding_window import (
+from course_attn.core.attention import ATTENTION_IMPLS, attention
+from course_attn.core.masks import causal_mask, padding_mask
+from course_attn.modern.gqa import grouped_query_attention
+from course_attn.modern.rope import apply_rope
+from course_attn.modern.sliding_window import (
     RollingKVCache,
     sliding_window_attention,
     sliding_window_mask,

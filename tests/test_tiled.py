@@ -9,11 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from course_attn.attention import attention, scaled_dot_product_attention
-from course_attn.masks import padding_mask
-from course_attn.model import GPTConfig, MiniGPT
-from course_attn.tasks import CopyTask
-from course_attn.tiled import (
+from course_attn.core.attention import attention, scaled_dot_product_attention
+from course_attn.core.masks import padding_mask
+from course_attn.core.tiled import (
     SoftmaxState,
     _dropout_keep,
     _dropout_seed,
@@ -21,6 +19,8 @@ from course_attn.tiled import (
     online_softmax,
     tiled_attention,
 )
+from course_attn.data.tasks import CopyTask
+from course_attn.models.gpt import GPTConfig, MiniGPT
 
 F64 = dict(dtype=torch.float64)
 
@@ -109,7 +109,7 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients():
 
 def test_causal_blocks_in_the_future_are_skipped_not_computed(monkeypatch):
     """Under the causal mask about half the key blocks are never multiplied at all."""
-    import course_attn.tiled as tiled
+    import course_attn.core.tiled as tiled
 
     visited = []
     real = tiled._key_blocks
@@ -352,7 +352,7 @@ def test_the_trainer_runs_on_the_tiled_path():
 
 # ------------------------------------------------------------------- the block grid
 def test_block_grid_marks_skipped_partial_and_full_blocks():
-    from course_attn.tiled import block_grid
+    from course_attn.core.tiled import block_grid
 
     grid = block_grid(10, 10, 4, 4, is_causal=True)
     assert grid.tolist() == [[1, 0, 0], [2, 1, 0], [2, 2, 1]]
@@ -369,7 +369,7 @@ def test_block_grid_marks_skipped_partial_and_full_blocks():
 
 
 def _blocks_visited(t_q, t_k, block_q, block_k):
-    import course_attn.tiled as tiled
+    import course_attn.core.tiled as tiled
 
     return tiled._blocks(t_q, t_k, block_q, block_k, t_k - t_q)
 
@@ -381,7 +381,7 @@ def test_plot_blocks_draws_the_grid_with_a_legend():
     import matplotlib.pyplot as plt
 
     from course_attn import viz
-    from course_attn.tiled import block_grid
+    from course_attn.core.tiled import block_grid
 
     grid = block_grid(96, 96, 32, 16, is_causal=True)
     ax = viz.plot_blocks(grid, block_q=32, block_k=16, title="t")

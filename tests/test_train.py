@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from course_attn.data import CharCorpus
-from course_attn.model import GPTConfig, MiniGPT
-from course_attn.tasks import CopyTask, RecallTask
+from course_attn.data.tasks import CopyTask, RecallTask
+from course_attn.data.text import CharCorpus
+from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import (
     PRESETS,
     TrainConfig,
@@ -349,7 +349,7 @@ def test_cli_bad_input_exits_with_code_2(args, message, corpus_file, capsys):
 
 
 def test_cli_gpu_preset_without_a_gpu_stops_before_training(monkeypatch, capsys):
-    import course_attn.cli as cli
+    import course_attn.train.cli as cli
 
     monkeypatch.setattr(cli, "pick_device", lambda preferred=None: torch.device("cpu"))
     monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("training started"))

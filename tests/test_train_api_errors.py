@@ -15,9 +15,12 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from course_attn import analysis, checkpoint, cli, data, hardware, presets, resume, tasks
-from course_attn import train as trainer
-from course_attn.model import GPTConfig, MiniGPT
+import course_attn.train as trainer
+from course_attn.data import tasks
+from course_attn.data import text as data
+from course_attn.lab import analysis
+from course_attn.models.gpt import GPTConfig, MiniGPT
+from course_attn.train import checkpoint, cli, hardware, presets, resume
 
 TASK = tasks.CopyTask(vocab_size=6, half_length=4)
 TOKENIZER = data.CharTokenizer("abc")

@@ -17,10 +17,10 @@ import tempfile
 import pytest
 import torch
 
-import course_attn.cli as cli
-import course_attn.train as trainer
-from course_attn.model import GPTConfig, MiniGPT
-from course_attn.tasks import CopyTask
+import course_attn.train.cli as cli
+import course_attn.train.loop as trainer
+from course_attn.data.tasks import CopyTask
+from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import (
     CHECKPOINT_FORMAT,
     METRICS_FORMAT,

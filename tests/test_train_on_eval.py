@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-import course_attn.train as trainer
-from course_attn.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from course_attn.model import GPTConfig, MiniGPT
-from course_attn.seq2seq import ReverseTask
-from course_attn.tasks import CopyTask
+import course_attn.train.loop as trainer
+from course_attn.data.seq2seq import ReverseTask
+from course_attn.data.tasks import CopyTask
+from course_attn.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import TrainConfig, TrainingDiverged, learning_rate, train
 
 TASK = CopyTask(vocab_size=6, half_length=4)

@@ -9,7 +9,7 @@ question about them is where they end up: the copy task without positions, and
 the recall task without positions or with one layer. This script trains those
 rows for longer, with the chapter's models and settings (only ``max_iters``
 differs), measures them exactly as the notebook measures its rows
-(:func:`course_attn.ablation.position_losses` and :func:`~course_attn.ablation.part_means`)
+(:func:`course_attn.lab.ablation.position_losses` and :func:`~course_attn.lab.ablation.part_means`)
 and writes the results to ``src/course_attn/ablation_runs.py``, which the
 notebook reads. CPU, one thread, fixed seeds: the same numbers on every run on
 the same machine.
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from course_attn.ablation import freeze_positions, part_means, position_losses
-from course_attn.model import GPTConfig, MiniGPT
-from course_attn.tasks import CopyTask, RecallTask
+from course_attn.data.tasks import CopyTask, RecallTask
+from course_attn.lab.ablation import freeze_positions, part_means, position_losses
+from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import TrainConfig, train
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "course_attn" / "ablation_runs.py"
@@ -98,7 +98,7 @@ def main() -> None:
         "Do not edit: run the script again. Each entry is one row of the chapter's\n"
         "ablation table trained for longer than the notebook can afford: the task, the\n"
         "model and training settings it ran with, and its mean loss (nats) overall and\n"
-        "over each part of the task (:func:`course_attn.ablation.part_means`), measured\n"
+        "over each part of the task (:func:`course_attn.lab.ablation.part_means`), measured\n"
         "on the notebook's 512 fresh sequences. Produced with torch "
         f"{torch.__version__.split('+')[0]}, on a CPU, one thread.\n"
         '"""\n\n'

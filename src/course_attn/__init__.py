@@ -3,27 +3,9 @@
 Each public name states in its docstring the chapter that derives it.
 """
 
-from . import diagrams, measure
 from ._version import __version__
-from .alibi import alibi_attention, alibi_bias, alibi_slopes
-from .analysis import induction_attention_score, offset_attention_score
-from .attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
-from .data import (
-    CharCorpus,
-    CharTokenizer,
-    default_corpus,
-    download_tiny_shakespeare,
-    load_text,
-    train_val_split,
-)
-from .decoding import KVCache, new_caches
-from .encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
-from .env import environment_report, pick_device, seed_everything
-from .experiments import block_gradient_norms, decode_step_seconds
-from .gqa import check_kv_heads, grouped_query_attention, repeat_kv
-from .kv_memory import KV_CACHE_KINDS, kv_cache_bytes
-from .latent import LatentKVCache, MultiHeadLatentAttention
-from .layers import (
+from .core.attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
+from .core.layers import (
     FeedForward,
     MultiHeadAttention,
     PositionalEncoding,
@@ -32,13 +14,7 @@ from .layers import (
     sinusoidal_table,
     split_heads,
 )
-from .linear_attention import (
-    LinearAttentionState,
-    elu_feature_map,
-    linear_attention,
-    linear_attention_recurrent,
-)
-from .masks import (
+from .core.masks import (
     causal_mask,
     combine_masks,
     padding_mask,
@@ -46,10 +22,16 @@ from .masks import (
     to_additive_mask,
     to_torch_mha_mask,
 )
-from .model import POS_ENCODINGS, GPTConfig, MiniGPT
-from .rope import apply_rope, apply_rotary, rope_cos_sin, sinusoid_angles
-from .self_attention import SelfAttention, simple_self_attention
-from .seq2seq import (
+from .core.self_attention import SelfAttention, simple_self_attention
+from .core.softmax import attention_pool, softmax
+from .core.tiled import (
+    SoftmaxState,
+    block_grid,
+    merge_softmax_states,
+    online_softmax,
+    tiled_attention,
+)
+from .data.seq2seq import (
     ReverseTask,
     Seq2SeqBatch,
     Seq2SeqTask,
@@ -59,16 +41,33 @@ from .seq2seq import (
     greedy_answers,
     seq2seq_loss,
 )
-from .sliding_window import RollingKVCache, sliding_window_attention, sliding_window_mask
-from .softmax import attention_pool, softmax
-from .tasks import CopyTask, RecallTask
-from .tiled import (
-    SoftmaxState,
-    block_grid,
-    merge_softmax_states,
-    online_softmax,
-    tiled_attention,
+from .data.tasks import CopyTask, RecallTask
+from .data.text import (
+    CharCorpus,
+    CharTokenizer,
+    default_corpus,
+    download_tiny_shakespeare,
+    load_text,
+    train_val_split,
 )
+from .env import environment_report, pick_device, seed_everything
+from .lab.analysis import induction_attention_score, offset_attention_score
+from .lab.experiments import block_gradient_norms, decode_step_seconds
+from .models.decoding import KVCache, new_caches
+from .models.encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
+from .models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
+from .modern.alibi import alibi_attention, alibi_bias, alibi_slopes
+from .modern.gqa import check_kv_heads, grouped_query_attention, repeat_kv
+from .modern.kv_memory import KV_CACHE_KINDS, kv_cache_bytes
+from .modern.latent import LatentKVCache, MultiHeadLatentAttention
+from .modern.linear_attention import (
+    LinearAttentionState,
+    elu_feature_map,
+    linear_attention,
+    linear_attention_recurrent,
+)
+from .modern.rope import apply_rope, apply_rotary, rope_cos_sin, sinusoid_angles
+from .modern.sliding_window import RollingKVCache, sliding_window_attention, sliding_window_mask
 
 __all__ = [
     "CharCorpus",
@@ -164,7 +163,11 @@ def __getattr__(name: str):
     # The trainer is imported lazily: importing it here eagerly would make
     # ``python -m course_attn.train`` warn that the module was already loaded.
     if name in ("TrainConfig", "TrainResult", "TrainingDiverged"):
-        from . import train
+        from .train import loop
 
-        return getattr(train, name)
+        return getattr(loop, name)
+    if name in ("diagrams", "measure", "viz"):
+        import importlib
+
+        return importlib.import_module(f".lab.{name}", __name__)
     raise AttributeError(f"module 'course_attn' has no attribute {name!r}")

@@ -1,0 +1,118 @@
+"""Two experiments: gradients through deep stacks (chapter 7), the cost of decoding (chapter 8).
+
+:func:`block_gradient_norms` compares pre-norm and post-norm stacks at
+initialisation; :func:`decode_step_seconds` times one decoding step with and
+without the KV cache. They measure the models; they are not part of them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from .._validation import check_bool, check_nonnegative_int, check_positive_int
+from ..core.layers import TransformerBlock
+from ..models.encoder_decoder import EncoderDecoder
+
+__all__ = ["block_gradient_norms", "decode_step_seconds"]
+
+
+def block_gradient_norms(n_layers: int, *, norm_first: bool, d_model: int = 64, n_heads: int = 4,
+                         batch_size: int = 8, seq_len: int = 16, seed: int = 0) -> Tensor:
+    """Gradient norm of each block's weights in a fresh stack, at initialisation (Chapter 7).
+
+    Builds ``n_layers`` encoder :class:`TransformerBlock` s (PyTorch's default
+    initialisation; a final LayerNorm after a pre-norm stack), feeds random
+    inputs ``(batch_size, seq_len, d_model)``, takes the mean squared error to a
+    random target, back-propagates once and returns ``(n_layers,)``: the L2 norm of
+    the gradients of block ``l``'s attention and feed-forward parameters (block 0
+    is the one next to the input). LayerNorm gains and biases are left out: in a
+    post-norm stack the last block's norm is the output norm, whose gradient
+    comes straight from the loss and would make that one block look special.
+    The same ``seed`` gives the same weights and data for both norm placements.
+    """
+    n_layers = check_positive_int(n_layers, "n_layers")
+    check_bool(norm_first, "norm_first")
+    for name, value in (("d_model", d_model), ("n_heads", n_heads), ("batch_size", batch_size),
+                        ("seq_len", seq_len)):
+        check_positive_int(value, name)
+    check_nonnegative_int(seed, "seed", upper=2**64 - 1)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # do not disturb the caller's global RNG
+        torch.manual_seed(seed)
+        blocks = nn.ModuleList(TransformerBlock(d_model, n_heads, norm_first=norm_first)
+                               for _ in range(n_layers))
+    final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+    x = torch.randn(batch_size, seq_len, d_model, generator=generator)  # (B, T, D)
+    target = torch.randn(batch_size, seq_len, d_model, generator=generator)  # (B, T, D)
+    for block in blocks:
+        x = block(x)  # (B, T, D)
+    loss = (final_norm(x) - target).pow(2).mean()
+    loss.backward()
+    return torch.stack([_grad_norm(block) for block in blocks]).detach()  # (n_layers,)
+
+
+def _grad_norm(block: nn.Module) -> Tensor:
+    """L2 norm of the gradients of a block's weights, its LayerNorms left out (summed in order)."""
+    total = torch.zeros(())
+    for name, p in block.named_parameters():
+        if p.grad is not None and not name.startswith("norm"):
+            total = total + p.grad.pow(2).sum()
+    return total.sqrt()
+
+
+def decode_step_seconds(model: EncoderDecoder, prefix_len: int, *, use_cache: bool,
+                        batch_size: int = 1, src_len: int = 16, repeats: int = 5,
+                        seed: int = 0) -> float:
+    """Wall-clock seconds to get the next token's logits after ``prefix_len`` tokens.
+
+    With ``use_cache`` the prefix is run once (not timed) to fill the caches,
+    and each timed step feeds one token ``(B, 1)`` against ``prefix_len`` cached
+    keys. Without it each timed step re-runs the decoder on all
+    ``prefix_len + 1`` tokens, which is what decoding costs without a cache.
+    The encoder output is computed once, outside the timing, in both cases.
+    Returns the fastest of ``repeats`` timed runs (after one warm-up run): the
+    minimum is the run least disturbed by other work on the machine.
+    """
+    if not isinstance(model, EncoderDecoder):
+        raise TypeError(f"model must be an EncoderDecoder, got {type(model).__name__}")
+    prefix_len = check_positive_int(prefix_len, "prefix_len")
+    check_bool(use_cache, "use_cache")
+    for name, value in (("batch_size", batch_size), ("src_len", src_len), ("repeats", repeats)):
+        check_positive_int(value, name)
+    check_nonnegative_int(seed, "seed", upper=2**64 - 1)
+    c = model.config
+    if prefix_len + 1 > c.max_len or src_len > c.max_len:
+        raise ValueError(f"prefix_len + 1={prefix_len + 1} and src_len={src_len} must not "
+                         f"exceed max_len={c.max_len}")
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(c.src_vocab_size, (batch_size, src_len), generator=g).to(device)
+    tgt = torch.randint(c.tgt_vocab_size, (batch_size, prefix_len + 1), generator=g).to(device)
+    timings = []
+    with torch.no_grad():
+        memory = model.encoder(src)  # (B, T_s, D)
+        if use_cache:
+            filled = model.new_caches()
+            model.decoder(tgt[:, :-1], memory, caches=filled)  # fill: (B, prefix_len)
+        for _ in range(repeats + 1):  # the first run warms up and is dropped
+            if use_cache:
+                caches = [cache.fork() for cache in filled]  # each step from the same prefix
+                _sync(device)
+                start = time.perf_counter()
+                model.decoder(tgt[:, -1:], memory, caches=caches)  # (B, 1, V_tgt)
+            else:
+                _sync(device)
+                start = time.perf_counter()
+                model.decoder(tgt, memory)[:, -1]  # (B, V_tgt)
+            _sync(device)
+            timings.append(time.perf_counter() - start)
+    return min(timings[1:])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,99 @@
+"""Modern attention: how many bytes the decoding cache of each attention kind holds.
+
+The memory table of the modern-attention chapter. Per layer and per token a
+cache stores:
+
+========== ============================================ ==============================
+kind       per token and layer                          reference
+========== ============================================ ==============================
+``mha``    keys and values of every head:               Vaswani et al. 2017
+           ``2 * n_heads * head_dim``
+``gqa``    ``2 * n_kv_heads * head_dim``                Ainslie et al. 2023
+``mqa``    one shared head: ``2 * head_dim``            Shazeer 2019
+``mla``    the latent (and the decoupled RoPE key):     DeepSeek-AI 2024 (DeepSeek-V2)
+           ``d_latent + d_rope``
+``linear`` nothing per token: a fixed state of          Katharopoulos et al. 2020
+           ``n_heads * (head_dim * head_dim + head_dim)``
+           per layer, whatever the length
+========== ============================================ ==============================
+
+With a sliding ``window`` only the last ``window`` tokens are kept.
+The tests check each formula against the bytes of the package's real caches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._validation import check_choice, check_nonnegative_int, check_positive_int
+from .gqa import check_kv_heads
+
+__all__ = ["KV_CACHE_KINDS", "kv_cache_bytes"]
+
+KV_CACHE_KINDS = ("mha", "gqa", "mqa", "mla", "linear")
+
+
+def kv_cache_bytes(
+    kind: str,
+    *,
+    n_layers: int,
+    seq_len: int,
+    n_heads: int,
+    head_dim: int,
+    n_kv_heads: int | None = None,
+    d_latent: int | None = None,
+    d_rope: int = 0,
+    window: int | None = None,
+    batch_size: int = 1,
+    dtype: torch.dtype = torch.float32,
+) -> int:
+    """Bytes of the cache that decoding ``seq_len`` tokens of ``batch_size`` sequences keeps.
+
+    Args:
+        kind: one of ``KV_CACHE_KINDS`` (see the module's table).
+        n_layers, seq_len, n_heads, head_dim, batch_size: the model and the run.
+        n_kv_heads: required for ``"gqa"`` (must divide ``n_heads``), refused otherwise.
+        d_latent: required for ``"mla"``, refused otherwise; ``d_rope`` is MLA's
+            decoupled RoPE key width (0 without it).
+        window: a sliding window: only ``min(seq_len, window)`` tokens are cached
+            (not for ``"linear"``, whose state does not grow with ``seq_len``).
+        dtype: the cache's dtype (4 bytes for float32, 2 for bfloat16).
+    """
+    check_choice(kind, "kind", KV_CACHE_KINDS)
+    n_layers = check_positive_int(n_layers, "n_layers")
+    seq_len = check_nonnegative_int(seq_len, "seq_len")
+    n_heads = check_positive_int(n_heads, "n_heads")
+    head_dim = check_positive_int(head_dim, "head_dim")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    d_rope = check_nonnegative_int(d_rope, "d_rope")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
+    if (n_kv_heads is not None) != (kind == "gqa"):
+        raise ValueError(f"n_kv_heads must be given for kind='gqa' and only then, got "
+                         f"kind={kind!r} with n_kv_heads={n_kv_heads!r}")
+    if (d_latent is not None) != (kind == "mla"):
+        raise ValueError(f"d_latent must be given for kind='mla' and only then, got "
+                         f"kind={kind!r} with d_latent={d_latent!r}")
+    if d_rope and kind != "mla":
+        raise ValueError(f"d_rope is MLA's decoupled RoPE key width; it must be 0 for "
+                         f"kind={kind!r}, got {d_rope}")
+    if window is not None:
+        window = check_positive_int(window, "window")
+        if kind == "linear":
+            raise ValueError("window must be None for kind='linear': its state has a fixed "
+                             "size whatever the length")
+    if kind == "linear":
+        # S = sum phi(k) v^T (head_dim x head_dim) and z = sum phi(k) (head_dim), per head
+        state = n_heads * (head_dim * head_dim + head_dim)
+        return batch_size * n_layers * state * dtype.itemsize
+    tokens = seq_len if window is None else min(seq_len, window)
+    if kind == "mha":
+        per_token = 2 * n_heads * head_dim
+    elif kind == "gqa":
+        _, n_kv_heads = check_kv_heads(n_heads, n_kv_heads)
+        per_token = 2 * n_kv_heads * head_dim
+    elif kind == "mqa":
+        per_token = 2 * head_dim
+    else:  # mla
+        per_token = check_positive_int(d_latent, "d_latent") + d_rope
+    return batch_size * n_layers * tokens * per_token * dtype.itemsize

@@ -1,0 +1,310 @@
+"""The command line of chapter 11's trainer, ``python -m course_attn.train``.
+
+The flags that override a preset are the fields of
+:class:`~course_attn.model.GPTConfig` and :class:`~course_attn.train.TrainConfig`
+listed in :data:`OVERRIDES`: each flag takes its field's name (``--n-layers``
+for ``n_layers``) and type, and the dataclass's own checks judge its value,
+so a wrong value exits with code 2 and the dataclass's message, naming the
+flag. ``--impl`` offers :data:`~course_attn.attention.ATTENTION_IMPLS`.
+
+Every mistake in the command line, the files or the settings exits with code
+2 before any training where it can be known then, and no work is lost: the
+output paths are checked first, and the metrics are written before sampling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import re
+import types
+from collections.abc import Sequence
+from typing import Any, TypeVar, get_args, get_type_hints
+
+import torch
+
+from ..core.attention import ATTENTION_IMPLS
+from ..data.tasks import TASKS, make_task
+from ..data.text import CharCorpus, default_corpus, load_text
+from ..env import pick_device
+from ..models.gpt import GPTConfig, MiniGPT
+from .checkpoint import check_checkpoint_path, load_checkpoint
+from .loop import BatchSource, TrainConfig, TrainingDiverged, TrainResult, train
+from .outputs import check_metrics_path, same_file, write_metrics
+from .presets import PRESETS, check_preset_device
+
+__all__ = ["build_parser", "main"]
+
+#: The fields of GPTConfig and TrainConfig that flags override, in ``--help``'s order,
+#: each with its help (``{default}`` is the field's default) or None.
+OVERRIDES: dict[str, str | None] = {
+    "n_layers": None,
+    "n_heads": None,
+    "d_model": None,
+    "block_size": "context length (with --task: set by the task)",
+    "batch_size": None,
+    "max_iters": None,
+    "lr": "peak learning rate",
+    "lr_decay_iters": "iteration where the cosine decay of the learning rate ends "
+                      "(default: --max-iters; fix it to lengthen the run later)",
+    "grad_clip": "clip the gradient norm to this (default {default}; 0 = no clipping)",
+    "dropout": None,
+    "eval_interval": None,
+    "eval_iters": None,
+    "warmup_iters": None,
+    "device": "cpu, cuda, cuda:1 or mps (default: best available; the gpu preset refuses "
+              "to start on a CPU unless --device cpu is given)",
+    "seed": "random seed, an integer in [0, 2**63 - 1] (default {default})",
+}
+
+EPILOG = """\
+examples:
+  python -m course_attn.train --preset cpu --max-iters 500
+  python -m course_attn.train --task copy --max-iters 1500 --metrics-out m.json
+  python -m course_attn.train --data input.txt --preset gpu --out ckpt.pt
+  python -m course_attn.train --data input.txt --preset gpu --resume ckpt.pt \
+--out ckpt.pt --max-iters 6000 --lr-decay-iters 5000
+
+A resumed run is the same run: give the same data, preset, overrides and seed.
+--max-iters may grow when --lr-decay-iters keeps the learning-rate schedule
+where it was (the first run's --lr-decay-iters, else its --max-iters: 5000
+for the gpu preset); --device, --compile, --no-amp and --quiet may change."""
+
+Config = TypeVar("Config", GPTConfig, TrainConfig)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_overrides(group: argparse._ArgumentGroup) -> None:
+    """One flag per field in :data:`OVERRIDES`, typed as the field is (``int | None``: int)."""
+    hints = {**get_type_hints(GPTConfig), **get_type_hints(TrainConfig)}
+    defaults = {f.name: f.default for config in (GPTConfig, TrainConfig)
+                for f in dataclasses.fields(config)}
+    for name, text in OVERRIDES.items():
+        hint = hints[name]
+        kind = next(t for t in get_args(hint) if t is not type(None)) if isinstance(
+            hint, types.UnionType) else hint
+        group.add_argument(_flag(name), type=kind,
+                           help=text and text.format(default=defaults[name]))
+
+
+def _count(text: str) -> int:
+    """The type of ``--samples``, the one number that is no dataclass's: an int >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m course_attn.train``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m course_attn.train",
+        description="Train the course's MiniGPT (chapter 11) on a text file, on the offline "
+                    "default corpus (Python standard-library sources) or on a synthetic task.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--data", metavar="PATH",
+                        help="UTF-8 text file to train a character-level model on "
+                             "(default: the offline standard-library corpus)")
+    source.add_argument("--task", choices=sorted(TASKS),
+                        help="a synthetic task with a known best loss instead of text")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
+                        help="model and training sizes (default: cpu; gpu = nanoGPT baby GPT)")
+    group = parser.add_argument_group("overrides of the preset")
+    _add_overrides(group)
+    group.add_argument("--impl", choices=ATTENTION_IMPLS, default="sdpa",
+                       help="attention path: readable manual or PyTorch's fused (default)")
+    group.add_argument("--compile", action="store_true", help="torch.compile the model")
+    group.add_argument("--no-amp", action="store_true",
+                       help="no mixed precision on CUDA (default: bf16 where the GPU has it "
+                            "natively, else fp16 with a gradient scaler)")
+    parser.add_argument("--out", metavar="CKPT",
+                        help="save checkpoints here (plain tensors); an existing file is "
+                             "overwritten only if it is a checkpoint")
+    parser.add_argument("--resume", metavar="CKPT", help="continue from this checkpoint")
+    parser.add_argument("--metrics-out", metavar="JSON",
+                        help="write loss history, final losses, speed, parameter count, "
+                             "device and torch version as JSON (before any sampling); an "
+                             "existing file is overwritten only if this CLI wrote it")
+    parser.add_argument("--samples", type=_count, default=200, metavar="N",
+                        help="characters to generate after training a text model (default 200)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def _checked(parser: argparse.ArgumentParser, config: type[Config], **values: Any) -> Config:
+    """``config(**values)``, its own checks' error made a command-line error (exit code 2).
+
+    The message is the dataclass's, after the flags of the fields it names.
+    """
+    try:
+        return config(**values)
+    except (TypeError, ValueError) as error:
+        flags = [_flag(name) for name in OVERRIDES if re.search(rf"\b{name}\b", str(error))]
+        parser.error(f"argument {'/'.join(flags)}: {error}" if flags else str(error))
+
+
+def _configs(parser: argparse.ArgumentParser, args: argparse.Namespace
+             ) -> tuple[GPTConfig, TrainConfig]:
+    """The preset with the flags' overrides, checked by the two dataclasses."""
+    given = {name: getattr(args, name) for name in OVERRIDES if getattr(args, name) is not None}
+    values = {**PRESETS[args.preset], **given}
+
+    def fields_of(config: type) -> dict[str, Any]:
+        return {f.name: values[f.name] for f in dataclasses.fields(config) if f.name in values}
+
+    # GPTConfig needs the vocabulary size, which only the data tells (see _load_data): a
+    # stand-in lets the other sizes be checked now, before any file is read.
+    model_config = _checked(parser, GPTConfig, vocab_size=1, impl=args.impl,
+                            **fields_of(GPTConfig))
+    config = _checked(parser, TrainConfig, amp=not args.no_amp, compile=args.compile,
+                      progress=not args.quiet, **fields_of(TrainConfig))
+    return model_config, config
+
+
+def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, before any work, outputs that would overwrite an input or each other."""
+    outputs = [("--out", args.out, check_checkpoint_path),
+               ("--metrics-out", args.metrics_out, check_metrics_path)]
+    for flag, path, _ in outputs:
+        if path is not None and args.data is not None and same_file(path, args.data):
+            parser.error(f"{flag} {path!r} is the training text given as --data; refusing to "
+                         "overwrite it")
+    if args.out is not None and args.metrics_out is not None and same_file(args.out,
+                                                                           args.metrics_out):
+        parser.error(f"--out and --metrics-out name the same file {args.out!r}")
+    if args.metrics_out is not None and args.resume is not None and same_file(
+            args.metrics_out, args.resume):
+        parser.error(f"--metrics-out {args.metrics_out!r} is the checkpoint given as --resume")
+    for flag, path, check in outputs:
+        if path is not None:
+            try:
+                check(path, flag)
+            except (FileNotFoundError, ValueError) as error:
+                parser.error(str(error))
+
+
+def _load_resume(parser: argparse.ArgumentParser, args: argparse.Namespace
+                 ) -> dict[str, Any] | None:
+    if args.resume is None:
+        return None
+    try:
+        return load_checkpoint(args.resume)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(f"--resume {args.resume!r}: {error}")
+
+
+def _load_data(parser: argparse.ArgumentParser, args: argparse.Namespace,
+               model_config: GPTConfig) -> tuple[BatchSource, GPTConfig, dict[str, Any]]:
+    """The task or text to train on, the model config that fits it, and the run's meta."""
+    if args.task is not None:
+        task = make_task(args.task)
+        if args.block_size is not None and args.block_size != task.block_size:
+            parser.error(f"--block-size {args.block_size}: the {args.task} task fixes it "
+                         f"to {task.block_size}")
+        meta = {"task": args.task, "loss_floor": task.loss_floor()}
+        return task, dataclasses.replace(model_config, vocab_size=task.vocab_size,
+                                         block_size=task.block_size), meta
+    try:
+        text = load_text(args.data) if args.data is not None else default_corpus()
+        corpus = CharCorpus.from_text(text)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(f"--data {args.data!r}: {error}")
+    if len(corpus.val_data) <= model_config.block_size:
+        parser.error(f"--data {args.data!r}: the text is too short for --block-size "
+                     f"{model_config.block_size} (its validation tenth has "
+                     f"{len(corpus.val_data)} characters)")
+    meta = {"tokenizer_chars": corpus.tokenizer.chars,
+            "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+    return corpus, dataclasses.replace(model_config, vocab_size=corpus.vocab_size), meta
+
+
+def _metrics(args: argparse.Namespace, model: MiniGPT, config: TrainConfig,
+             result: TrainResult, meta: dict[str, Any]) -> dict[str, Any]:
+    metrics = {"preset": args.preset, "model_config": dataclasses.asdict(model.config),
+               "train_config": dataclasses.asdict(config), **result.to_metrics()}
+    if "loss_floor" in meta:
+        metrics["loss_floor"] = meta["loss_floor"]
+    return metrics
+
+
+def _train(parser: argparse.ArgumentParser, args: argparse.Namespace, model: MiniGPT,
+           data: BatchSource, config: TrainConfig, resume: dict[str, Any] | None,
+           meta: dict[str, Any]) -> TrainResult:
+    """:func:`~course_attn.train.train`; a run that diverges still writes its metrics."""
+    try:
+        return train(model, data, config, checkpoint_path=args.out, resume_from=resume,
+                     meta=meta)
+    except TrainingDiverged as error:
+        saved = ""
+        if args.metrics_out is not None:
+            write_metrics(args.metrics_out, {**_metrics(args, model, config, error.result, meta),
+                                             "diverged_at_iter": error.iteration})
+            saved = f" The metrics so far are in {args.metrics_out!r}."
+        clip = (f"clip harder (--grad-clip below {config.grad_clip:g})" if config.grad_clip > 0
+                else "clip the gradients (--grad-clip 1)")
+        parser.error(f"{error}.{saved} On the command line: lower --lr (now {config.lr:g}) "
+                     f"or {clip}")
+    except ValueError as error:  # e.g. a checkpoint of another model or run
+        parser.error(str(error))
+
+
+def _report(args: argparse.Namespace, model: MiniGPT, data: BatchSource, config: TrainConfig,
+            result: TrainResult, meta: dict[str, Any]) -> None:
+    """Print the final losses (and the task's floor), then a sample of a text model."""
+    print(f"final loss: train {result.final_train_loss:.4f}, val {result.final_val_loss:.4f} "
+          f"({result.ms_per_iter:.1f} ms/iter, {result.tokens_per_s:,.0f} tokens/s)")
+    if "loss_floor" in meta:
+        print(f"best achievable loss of the task: {meta['loss_floor']:.4f}")
+    if isinstance(data, CharCorpus) and args.samples:
+        tokenizer = data.tokenizer
+        prompt = data.train_data[:1].unsqueeze(0).to(next(model.parameters()).device)  # (1, 1)
+        generator = torch.Generator(device=prompt.device).manual_seed(config.seed)
+        sample = model.generate(prompt, args.samples, top_k=min(10, tokenizer.vocab_size),
+                                generator=generator)
+        print("sample:\n" + tokenizer.decode(sample[0, 1:].cpu()))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m course_attn.train``; returns the exit code.
+
+    Every mistake in the command line, the files or the settings exits with
+    code 2 and a message, before any training where it can be known then.
+    """
+    if argv is not None and (isinstance(argv, str) or not isinstance(argv, Sequence)
+                             or not all(isinstance(arg, str) for arg in argv)):
+        raise TypeError(f"argv must be a list of str (command-line words) or None, got "
+                        f"{argv!r}")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    model_config, config = _configs(parser, args)
+    _check_outputs(parser, args)
+    resume = _load_resume(parser, args)
+    data, model_config, meta = _load_data(parser, args, model_config)
+    device = pick_device(config.device)
+    if args.device is None:  # an explicit --device cpu is the user's informed choice
+        try:
+            check_preset_device(args.preset, device, vocab_size=model_config.vocab_size)
+        except ValueError as error:
+            parser.error(f"--preset {args.preset}: {error}")
+    with torch.random.fork_rng(devices=[]):  # --seed also fixes the initial weights
+        torch.manual_seed(config.seed)
+        model = MiniGPT(model_config)
+    print(f"MiniGPT: {model.num_parameters():,} parameters, "
+          f"{model_config.n_layers} layers x {model_config.n_heads} heads, width "
+          f"{model_config.d_model}, context {model_config.block_size}, vocabulary "
+          f"{model_config.vocab_size}; device {device}")
+    result = _train(parser, args, model, data, config, resume, meta)
+    # Everything that took time is on disk before anything else can fail: the final
+    # checkpoint (written by train at the last iteration), then the metrics.
+    if args.metrics_out is not None:
+        write_metrics(args.metrics_out, _metrics(args, model, config, result, meta))
+    _report(args, model, data, config, result, meta)
+    return 0
