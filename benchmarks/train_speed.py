@@ -115,13 +115,13 @@ def main() -> None:
     preset = PRESETS["gpu" if gpu else "cpu"]
     compiled_too = gpu if args.compile is None else args.compile
     vocab = 65  # the character vocabulary of Tiny Shakespeare
-    batch, block = preset["batch_size"], preset["block_size"]
+    batch, block = preset["batch_size"], preset["context_length"]
 
     variants = {}
     for impl in ("manual", "sdpa"):
         for compiled in (False, True) if compiled_too else (False,):
             torch.manual_seed(0)  # same initial weights for every variant
-            config = GPTConfig(vocab_size=vocab, block_size=block, n_layers=preset["n_layers"],
+            config = GPTConfig(vocab_size=vocab, context_length=block, n_layers=preset["n_layers"],
                                n_heads=preset["n_heads"], d_model=preset["d_model"],
                                dropout=preset["dropout"], impl=impl)
             model = MiniGPT(config).to(device).train()
@@ -171,7 +171,7 @@ def main() -> None:
     for impl in ("manual", "sdpa"):
         for compiled in (False, True) if compiled_too else (False,):
             torch.manual_seed(0)
-            config = GPTConfig(vocab_size=vocab, block_size=block, n_layers=preset["n_layers"],
+            config = GPTConfig(vocab_size=vocab, context_length=block, n_layers=preset["n_layers"],
                                n_heads=preset["n_heads"], d_model=preset["d_model"],
                                dropout=preset["dropout"], impl=impl)
             result = train(MiniGPT(config), corpus,

@@ -24,7 +24,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "ablation_long_runs.py"
 def model_for(task, **overrides) -> MiniGPT:
     torch.manual_seed(0)
     options = dict(n_layers=1, n_heads=2, d_model=16)
-    return MiniGPT(GPTConfig(vocab_size=task.vocab_size, block_size=task.block_size,
+    return MiniGPT(GPTConfig(vocab_size=task.vocab_size, context_length=task.context_length,
                              **{**options, **overrides}))
 
 
@@ -63,7 +63,7 @@ def test_task_parts_cover_every_position_once(task, names):
     parts = task_parts(task)
     assert list(parts) == names
     every = torch.cat(list(parts.values())).sort().values
-    assert torch.equal(every, torch.arange(task.block_size))
+    assert torch.equal(every, torch.arange(task.context_length))
 
 
 def test_part_means_of_the_floor_are_the_task_s_exact_floors():
@@ -78,7 +78,7 @@ def test_part_means_of_the_floor_are_the_task_s_exact_floors():
 def test_position_losses_are_the_cross_entropy_at_each_position_and_keep_the_mode():
     model = model_for(RECALL).train()
     losses = position_losses(model, RECALL, n_sequences=8, seed=3)
-    assert model.training and losses.shape == (RECALL.block_size,)
+    assert model.training and losses.shape == (RECALL.context_length,)
     x, y = RECALL.get_batch("val", 8, generator=torch.Generator().manual_seed(3))
     model.eval()
     logits, mean_loss = model(x, y)
@@ -92,7 +92,7 @@ def test_position_losses_are_the_cross_entropy_at_each_position_and_keep_the_mod
     (lambda: position_losses("model", COPY), TypeError, "model must be a MiniGPT"),
     (lambda: position_losses(model_for(COPY), "copy"), TypeError, "task must be a CopyTask"),
     (lambda: position_losses(model_for(COPY), COPY, n_sequences=0), ValueError, "n_sequences"),
-    (lambda: position_losses(model_for(COPY), RecallTask()), ValueError, "block_size=7"),
+    (lambda: position_losses(model_for(COPY), RecallTask()), ValueError, "context_length=7"),
     (lambda: part_means([1.0], COPY), TypeError, "per_position must be a tensor"),
     (lambda: part_means(torch.ones(3), COPY), ValueError, r"per_position must have shape \(7,\)"),
     (lambda: task_parts(None), TypeError, "task must be a CopyTask or a RecallTask"),
@@ -131,7 +131,7 @@ def test_the_cached_losses_add_up_and_respect_the_floors():
         kind = CopyTask if "half_length" in entry["task"] else RecallTask
         task = kind(**entry["task"])
         losses, sizes = entry["losses"], {k: len(v) for k, v in task_parts(task).items()}
-        weighted = sum(losses[k] * n for k, n in sizes.items()) / task.block_size
+        weighted = sum(losses[k] * n for k, n in sizes.items()) / task.context_length
         assert losses["all"] == pytest.approx(weighted, rel=1e-9)  # "all" is their mean
         # a model that reads only the past never beats the floor (up to the 512-sequence
         # sample's luck)

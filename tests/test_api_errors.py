@@ -65,9 +65,9 @@ from course_attn import (
 matplotlib.use("Agg")
 
 SWEPT_MODULES = {f"course_attn.{m}" for m in (
-    "core.attention", "core.masks", "core.layers", "models.gpt", "models.encoder_decoder", "env",
-    "core.softmax", "core.self_attention", "core.tiled", "lab.viz", "models.decoding",
-    "lab.experiments")}
+    "core.attention", "core.masks", "core.layers", "core.kv_cache", "core.softmax",
+    "core.self_attention", "core.tiled", "models.gpt", "models.encoder_decoder",
+    "models.decoding", "env", "lab.viz", "lab.experiments")}
 # analysis: swept in test_train_api_errors; measure: in test_measure
 
 # Targets that cannot take one of the two kinds of bad argument, and why.
@@ -77,6 +77,12 @@ EXEMPT = {
     ("Decoder", ValueError): "its one argument is an EncoderDecoderConfig (checked there)",
     ("EncoderDecoder", ValueError): "its one argument is an EncoderDecoderConfig (checked there)",
     ("MiniGPT.num_parameters", ValueError): "its one argument is a flag: no wrong value",
+    # A building block that runs in every attention layer at every decoding step: the
+    # layer's or the model's door checks the cache once (check_cache), before any work.
+    ("KVCache.update", TypeError): "checked by its owner's door (tests/test_kv_cache.py)",
+    ("KVCache.update", ValueError): "checked by its owner's door (tests/test_kv_cache.py)",
+    ("Cache", TypeError): "a typing.Protocol: never instantiated",
+    ("Cache", ValueError): "a typing.Protocol: never instantiated",
 }
 
 
@@ -97,13 +103,13 @@ def _bool(*shape: int) -> torch.Tensor:
 
 torch.manual_seed(0)
 V = 7
-GPT = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layers=1, n_heads=2, d_model=8)).eval()
+GPT = MiniGPT(GPTConfig(vocab_size=V, context_length=8, n_layers=1, n_heads=2, d_model=8)).eval()
 ED_CONFIG = EncoderDecoderConfig(src_vocab_size=V, tgt_vocab_size=V, d_model=8, n_heads=2,
                                  n_layers=1)
 ED = EncoderDecoder(ED_CONFIG).eval()
 MHA = MultiHeadAttention(8, 2)
 FF = FeedForward(8)
-PE = PositionalEncoding(8, max_len=16)
+PE = PositionalEncoding(8, context_length=16)
 BLOCK = TransformerBlock(8, 2)
 CROSS_BLOCK = TransformerBlock(8, 2, cross_attention=True)
 SA = SelfAttention(4, 4)
@@ -113,12 +119,6 @@ MEMORY = torch.randn(2, 5, 8)
 IDX = _long(2, 3)
 W2 = torch.rand(3, 3)  # a (T_q, T_k) matrix of weights
 RIGHT_PADDED = torch.tensor([[True, True, True], [True, True, False]])
-
-
-def _cache_with(k: torch.Tensor) -> KVCache:
-    cache = KVCache()
-    cache.update(k, k)
-    return cache
 
 
 CASES: list[Case] = []
@@ -190,17 +190,11 @@ case("split_heads", "n_heads", TypeError, lambda: split_heads(X8, "2"))
 case("split_heads", "n_heads", ValueError, lambda: split_heads(X8, 3))
 case("merge_heads", "x", TypeError, lambda: merge_heads(None))
 case("merge_heads", "x", ValueError, lambda: merge_heads(X8))
-case("sinusoidal_table", "max_len", TypeError, lambda: sinusoidal_table(4.0, 8))
+case("sinusoidal_table", "context_length", TypeError, lambda: sinusoidal_table(4.0, 8))
 case("sinusoidal_table", "d_model", ValueError, lambda: sinusoidal_table(4, 0))
 K4 = torch.randn(2, 2, 3, 4)
-case("KVCache.update", "k", TypeError, lambda: KVCache().update(K4.tolist(), K4))
 case("new_caches", "n_layers", TypeError, lambda: new_caches(2.0))
 case("new_caches", "n_layers", ValueError, lambda: new_caches(0))
-case("KVCache.update", "v", TypeError, lambda: KVCache().update(K4, K4.long()))
-case("KVCache.update", "k", ValueError, lambda: KVCache().update(K4, K4[:, :, :2]))
-case("KVCache.update", "k", TypeError, lambda: _cache_with(K4).update(K4.double(), K4.double()))
-case("KVCache.update", "k", ValueError,
-     lambda: _cache_with(K4).update(K4.to("meta"), K4.to("meta")))
 case("MultiHeadAttention", "d_model", TypeError, lambda: MultiHeadAttention("8", 2))
 case("MultiHeadAttention", "n_heads", ValueError, lambda: MultiHeadAttention(8, 3))
 case("MultiHeadAttention", "bias", TypeError, lambda: MultiHeadAttention(8, 2, bias="no"))
@@ -238,7 +232,7 @@ case("FeedForward.forward", "x", TypeError, lambda: FF([1.0] * 8))
 case("FeedForward.forward", "x", TypeError, lambda: FF(X8.double()))
 case("FeedForward.forward", "x", ValueError, lambda: FF(Q))
 case("PositionalEncoding", "d_model", TypeError, lambda: PositionalEncoding("8"))
-case("PositionalEncoding", "max_len", ValueError, lambda: PositionalEncoding(8, 0))
+case("PositionalEncoding", "context_length", ValueError, lambda: PositionalEncoding(8, 0))
 case("PositionalEncoding", "dropout", TypeError, lambda: PositionalEncoding(8, dropout="0"))
 case("PositionalEncoding.forward", "x", TypeError, lambda: PE(None))
 case("PositionalEncoding.forward", "x", ValueError, lambda: PE(Q))
@@ -267,27 +261,30 @@ case("TransformerBlock.forward", "is_causal", TypeError, lambda: BLOCK(X8, is_ca
 case("TransformerBlock.forward", "cache", TypeError, lambda: BLOCK(X8, cache=[]))
 
 # ---------------------------------------------------------------------- model
-case("GPTConfig", "vocab_size", TypeError, lambda: GPTConfig(vocab_size="7", block_size=8))
-case("GPTConfig", "block_size", ValueError, lambda: GPTConfig(vocab_size=7, block_size=0))
-case("GPTConfig", "n_heads", ValueError, lambda: GPTConfig(vocab_size=7, block_size=8, n_heads=3))
-case("GPTConfig", "bias", TypeError, lambda: GPTConfig(vocab_size=7, block_size=8, bias="no"))
+case("GPTConfig", "vocab_size", TypeError, lambda: GPTConfig(vocab_size="7", context_length=8))
+case("GPTConfig", "context_length", ValueError, lambda: GPTConfig(vocab_size=7, context_length=0))
+case("GPTConfig", "n_heads", ValueError, lambda: GPTConfig(vocab_size=7, context_length=8,
+                                                           n_heads=3))
+case("GPTConfig", "bias", TypeError, lambda: GPTConfig(vocab_size=7, context_length=8, bias="no"))
 case("GPTConfig", "tie_weights", TypeError,
-     lambda: GPTConfig(vocab_size=7, block_size=8, tie_weights=None))
-case("GPTConfig", "dropout", ValueError, lambda: GPTConfig(vocab_size=7, block_size=8, dropout=1))
-case("GPTConfig", "impl", TypeError, lambda: GPTConfig(vocab_size=7, block_size=8, impl=0))
+     lambda: GPTConfig(vocab_size=7, context_length=8, tie_weights=None))
+case("GPTConfig", "dropout", ValueError, lambda: GPTConfig(vocab_size=7, context_length=8,
+                                                           dropout=1))
+case("GPTConfig", "impl", TypeError, lambda: GPTConfig(vocab_size=7, context_length=8, impl=0))
 case("GPTConfig", "init_std", ValueError,
-     lambda: GPTConfig(vocab_size=7, block_size=8, init_std=float("nan")))
+     lambda: GPTConfig(vocab_size=7, context_length=8, init_std=float("nan")))
 case("GPTConfig", "pos_encoding", ValueError,
-     lambda: GPTConfig(vocab_size=7, block_size=8, pos_encoding="xpos"))
+     lambda: GPTConfig(vocab_size=7, context_length=8, pos_encoding="xpos"))
 case("GPTConfig", "pos_encoding", TypeError,
-     lambda: GPTConfig(vocab_size=7, block_size=8, pos_encoding=None))
+     lambda: GPTConfig(vocab_size=7, context_length=8, pos_encoding=None))
 case("GPTConfig", "n_kv_heads", ValueError,
-     lambda: GPTConfig(vocab_size=7, block_size=8, n_heads=4, n_kv_heads=3))
+     lambda: GPTConfig(vocab_size=7, context_length=8, n_heads=4, n_kv_heads=3))
 case("GPTConfig", "n_kv_heads", TypeError,
-     lambda: GPTConfig(vocab_size=7, block_size=8, n_kv_heads="2"))
-case("GPTConfig", "window", ValueError, lambda: GPTConfig(vocab_size=7, block_size=8, window=0))
-case("GPTConfig", "window", TypeError, lambda: GPTConfig(vocab_size=7, block_size=8, window=2.0))
-case("MiniGPT", "config", TypeError, lambda: MiniGPT({"vocab_size": 7, "block_size": 8}))
+     lambda: GPTConfig(vocab_size=7, context_length=8, n_kv_heads="2"))
+case("GPTConfig", "window", ValueError, lambda: GPTConfig(vocab_size=7, context_length=8, window=0))
+case("GPTConfig", "window", TypeError, lambda: GPTConfig(vocab_size=7, context_length=8,
+                                                         window=2.0))
+case("MiniGPT", "config", TypeError, lambda: MiniGPT({"vocab_size": 7, "context_length": 8}))
 case("MiniGPT.forward", "idx", TypeError, lambda: GPT(IDX.float()))
 case("MiniGPT.forward", "idx", ValueError, lambda: GPT(_long(0, 3)))
 case("MiniGPT.forward", "idx", ValueError, lambda: GPT(IDX + V))
@@ -330,7 +327,7 @@ case("EncoderDecoderConfig", "activation", ValueError,
 case("EncoderDecoderConfig", "d_ff", TypeError, lambda: EncoderDecoderConfig(**EDC, d_ff="64"))
 for cls in (Encoder, Decoder, EncoderDecoder):
     case(cls.__name__, "config", TypeError, lambda cls=cls: cls(GPTConfig(vocab_size=7,
-                                                                           block_size=8)))
+                                                                           context_length=8)))
 case("Encoder.forward", "src", TypeError, lambda: ED.encoder(IDX.float()))
 case("Encoder.forward", "src", ValueError, lambda: ED.encoder(IDX - 1))
 case("Encoder.forward", "src_attention_mask", TypeError, lambda: ED.encoder(IDX, IDX))

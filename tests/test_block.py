@@ -140,14 +140,14 @@ def test_block_is_the_pre_norm_formula_with_the_unnormalised_residual():
 
 @pytest.mark.parametrize("d_model", [1, 2, 7, 16])
 def test_sinusoidal_table_matches_the_closed_form(d_model):
-    max_len = 40
-    table = sinusoidal_table(max_len, d_model)
-    expected = torch.empty(max_len, d_model, dtype=torch.float64)
-    for pos in range(max_len):
+    context_length = 40
+    table = sinusoidal_table(context_length, d_model)
+    expected = torch.empty(context_length, d_model, dtype=torch.float64)
+    for pos in range(context_length):
         for i in range(d_model):
             angle = pos / 10000 ** ((i - i % 2) / d_model)  # pairs (2j, 2j+1) share a frequency
             expected[pos, i] = math.sin(angle) if i % 2 == 0 else math.cos(angle)
-    assert table.shape == (max_len, d_model)
+    assert table.shape == (context_length, d_model)
     assert_close(table.double(), expected, atol=1e-6, rtol=0)
     assert table.abs().max() <= 1.0
     assert torch.equal(table[0, 0::2], torch.zeros_like(table[0, 0::2]))
@@ -162,7 +162,7 @@ def test_sinusoidal_dot_product_depends_only_on_the_distance():
 
 
 def test_positional_encoding_adds_the_table_rows_at_the_given_positions():
-    pe = PositionalEncoding(8, max_len=20)
+    pe = PositionalEncoding(8, context_length=20)
     x = torch.randn(2, 3, 8)
     positions = torch.tensor([[0, 1, 2], [5, 6, 7]])
     assert_close(pe(x), x + sinusoidal_table(20, 8)[:3])
@@ -181,7 +181,7 @@ def test_positions_from_padding_mask_count_from_the_first_real_token():
 def test_attention_block_is_permutation_equivariant_until_positions_are_added():
     torch.manual_seed(4)
     block = TransformerBlock(D, H).double().eval()
-    pe = PositionalEncoding(D, max_len=16)
+    pe = PositionalEncoding(D, context_length=16)
     x = torch.randn(2, 6, D, dtype=torch.float64)
     perm = torch.tensor([3, 0, 5, 1, 4, 2])
     assert_close(block(x[:, perm]), block(x)[:, perm], atol=1e-12, rtol=1e-10)
@@ -210,7 +210,7 @@ def test_feed_forward_acts_on_each_position_alone():
 def _toy_model(norm_first: bool = True) -> EncoderDecoder:
     torch.manual_seed(6)
     config = EncoderDecoderConfig(src_vocab_size=11, tgt_vocab_size=13, d_model=16, n_heads=4,
-                                  n_layers=2, norm_first=norm_first, max_len=32)
+                                  n_layers=2, norm_first=norm_first, context_length=32)
     return EncoderDecoder(config).double().eval()
 
 
@@ -374,11 +374,11 @@ def test_block_constructor_rejects_bad_options():
 
 
 def test_positions_out_of_range_or_of_the_wrong_kind_are_rejected():
-    pe = PositionalEncoding(8, max_len=10)
+    pe = PositionalEncoding(8, context_length=10)
     x = torch.randn(1, 3, 8)
-    with pytest.raises(ValueError, match=r"positions must lie in \[0, max_len=10\)"):
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, context_length=10\)"):
         pe(x, torch.tensor([[0, 5, 10]]))
-    with pytest.raises(ValueError, match=r"positions must lie in \[0, max_len=10\)"):
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, context_length=10\)"):
         pe(x, torch.tensor([[-1, 0, 1]]))
     with pytest.raises(TypeError, match="positions must be a torch.long tensor"):
         pe(x, torch.tensor([[0.0, 1.0, 2.0]]))
@@ -387,7 +387,7 @@ def test_positions_out_of_range_or_of_the_wrong_kind_are_rejected():
     with pytest.raises(ValueError, match="x must have width d_model=8"):
         pe(torch.randn(1, 3, 6))
     model = _toy_model()
-    with pytest.raises(ValueError, match="max_len=32"):
+    with pytest.raises(ValueError, match="context_length=32"):
         model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 33, dtype=torch.long))
     with pytest.raises(TypeError, match="attention_mask must have dtype torch.bool"):
         positions_from_attention_mask(torch.ones(2, 3))

@@ -113,7 +113,7 @@ def test_get_batch_targets_are_inputs_shifted_and_seeded():
     assert torch.equal(y, x + 1)  # data[i] = i, so the next token is i + 1
     x2, _ = get_batch(data, 4, 8, generator=torch.Generator().manual_seed(0))
     assert torch.equal(x, x2)
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(ValueError, match="context_length"):
         get_batch(data, 4, 50)
     with pytest.raises(ValueError, match="batch_size"):
         get_batch(data, 0, 8)
@@ -257,7 +257,7 @@ def test_download_accepts_an_uppercase_digest(tmp_path):
 def test_copy_task_sequences_repeat_their_first_half():
     task = CopyTask(vocab_size=5, half_length=6)
     x, y = task.get_batch("train", 7, generator=torch.Generator().manual_seed(1))
-    assert x.shape == y.shape == (7, task.block_size) == (7, 11)
+    assert x.shape == y.shape == (7, task.context_length) == (7, 11)
     seq = torch.cat([x, y[:, -1:]], dim=1)  # (B, 2n)
     assert torch.equal(seq[:, :6], seq[:, 6:])
     assert torch.equal(x[:, 1:], y[:, :-1])
@@ -271,7 +271,7 @@ def test_copy_task_floor_is_ln_v_on_the_noise_only():
     # The floor is reached by the model that knows the rule: uniform on the first
     # half, certain on the copy. Its cross-entropy on real batches equals the floor.
     x, y = task.get_batch("val", 64, generator=torch.Generator().manual_seed(0))
-    logits = torch.zeros(64, task.block_size, 16)
+    logits = torch.zeros(64, task.context_length, 16)
     n = task.half_length
     logits[:, n - 1:, :] = -1e9
     logits[:, n - 1:].scatter_(2, y[:, n - 1:, None], 0.0)
@@ -284,7 +284,7 @@ def test_copy_task_bad_inputs():
         CopyTask(vocab_size=1)
     with pytest.raises(TypeError, match="half_length"):
         CopyTask(half_length=2.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(ValueError, match="context_length"):
         CopyTask(4, 4).get_batch("train", 2, 9)
     with pytest.raises(ValueError, match="name"):
         make_task("reverse")
@@ -308,7 +308,7 @@ def test_offset_attention_score_picks_the_diagonal():
 def test_recall_task_sequences_follow_the_rules():
     task = RecallTask(n_keys=6, n_values=5, n_pairs=9, max_step=3)
     seq = task.sample(50, generator=torch.Generator().manual_seed(3))  # (B, 2P)
-    assert seq.shape == (50, 18) and task.vocab_size == 11 and task.block_size == 17
+    assert seq.shape == (50, 18) and task.vocab_size == 11 and task.context_length == 17
     keys, values = seq[:, 0::2], seq[:, 1::2]  # (B, P) each
     assert int(keys.min()) >= 0 and int(keys.max()) < 6
     assert int(values.min()) >= 6 and int(values.max()) < 11
@@ -412,9 +412,9 @@ def test_recall_task_bad_inputs():
         RecallTask(n_values=1)
     with pytest.raises(TypeError, match="n_pairs"):
         RecallTask(n_pairs=3.0)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(ValueError, match="context_length"):
         RecallTask().get_batch("train", 2, 24)
-    with pytest.raises(TypeError, match="block_size"):
+    with pytest.raises(TypeError, match="context_length"):
         RecallTask().get_batch("train", 2, 23.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="generator"):
         RecallTask().sample(2, generator=1)  # type: ignore[arg-type]
@@ -471,12 +471,12 @@ def test_induction_score_on_recall_counts_key_queries_only():
     assert induction_attention_score(oracle, tokens, queries=keys).item() == pytest.approx(1.0)
     everything = induction_attention_score(oracle, tokens).item()
     assert 0.3 < everything < 0.7  # value queries with an earlier copy drag it to about 1/2
-    as_mask = torch.zeros(task.block_size, dtype=torch.bool)
+    as_mask = torch.zeros(task.context_length, dtype=torch.bool)
     as_mask[keys] = True
     per_row = as_mask.expand(64, -1)
     for form in (as_mask, per_row):
         assert induction_attention_score(oracle, tokens, queries=form).item() == pytest.approx(1.0)
-    stacked = torch.stack([oracle, torch.full_like(oracle, 1 / task.block_size)], 1)  # (B, H=2)
+    stacked = torch.stack([oracle, torch.full_like(oracle, 1 / task.context_length)], 1)  # (B, H=2)
     score = induction_attention_score(stacked, tokens, queries=keys)
     assert score.shape == (2,) and score[0].item() == pytest.approx(1.0) and score[1] < 0.2
 

@@ -27,7 +27,7 @@ V, T = 11, 6
 
 def meta_gpt(impl: str, dropout: float = 0.1) -> MiniGPT:
     with META:
-        return MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layers=2, n_heads=2, d_model=16,
+        return MiniGPT(GPTConfig(vocab_size=V, context_length=8, n_layers=2, n_heads=2, d_model=16,
                                  dropout=dropout, impl=impl))
 
 
@@ -87,7 +87,7 @@ def test_generate_on_meta(impl, options):
     model = meta_gpt(impl)
     if options.get("attention_mask") == "left":
         options = {**options, "attention_mask": left_padding()}
-    out = model.generate(ids(), 4, **options)  # crosses block_size=8: cropped context too
+    out = model.generate(ids(), 4, **options)  # crosses context_length=8: cropped context too
     assert out.shape == (2, T + 4) and out.device == META
 
 
@@ -147,7 +147,7 @@ def test_transformer_blocks_and_positional_encoding_on_meta():
     with META:
         encoder_block = TransformerBlock(16, 2, dropout=0.1)
         decoder_block = TransformerBlock(16, 2, cross_attention=True, norm_first=False)
-        positional = PositionalEncoding(16, max_len=32)
+        positional = PositionalEncoding(16, context_length=32)
     x = torch.randn(2, T, 16, device=META)
     memory = encoder_block(x, attention_mask=left_padding())
     out = decoder_block(x, is_causal=True, memory=memory,
@@ -191,7 +191,7 @@ def test_batches_are_made_on_the_asked_device():
 def test_minigpt_forward_and_loss_compile_without_graph_breaks(impl, padded):
     """No value reads: torch.compile sees one graph (a break would also be a GPU sync)."""
     torch.manual_seed(0)
-    model = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layers=2, n_heads=2, d_model=16,
+    model = MiniGPT(GPTConfig(vocab_size=V, context_length=8, n_layers=2, n_heads=2, d_model=16,
                               dropout=0.1, impl=impl))
     idx = torch.randint(V, (2, 8))
     mask = padding_mask([8, 5], 8, side="left") if padded else None
@@ -215,7 +215,7 @@ def test_plain_causal_sdpa_uses_is_causal_and_no_mask_tensor(monkeypatch):
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     torch.manual_seed(0)
-    model = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layers=2, n_heads=2, d_model=16,
+    model = MiniGPT(GPTConfig(vocab_size=V, context_length=8, n_layers=2, n_heads=2, d_model=16,
                               impl="sdpa")).eval()
     idx = torch.randint(V, (2, 6))
     model(idx)
@@ -267,7 +267,7 @@ def test_pick_device_names_a_gpu_index_the_machine_does_not_have(monkeypatch):
         ("xla", ValueError, r"^preferred='xla' is not a device to run on"),
         ("cpu:1", ValueError, r"^preferred='cpu:1': there is one CPU device"),
         ("gpu", ValueError, r"^preferred must name a torch device"),
-        (0, TypeError, r"^preferred must be a device string"),
+        (0, TypeError, r"^preferred must be a torch.device, a string"),
     ],
 )
 def test_pick_device_refuses_what_cannot_run_the_course(preferred, error, pattern):

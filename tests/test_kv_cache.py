@@ -27,6 +27,7 @@ from course_attn import (
     padding_mask,
     positions_from_attention_mask,
 )
+from course_attn.core.kv_cache import check_cache
 
 TOL = {"atol": 1e-10, "rtol": 1e-8}
 D, H = 16, 4
@@ -70,7 +71,7 @@ def test_decoder_only_stack_with_cache_matches_full_pass_with_left_padding(norm_
     torch.manual_seed(2)
     blocks = [TransformerBlock(D, H, norm_first=norm_first, impl=impl).double().eval()
               for _ in range(2)]
-    pe = PositionalEncoding(D, max_len=32)
+    pe = PositionalEncoding(D, context_length=32)
     x, mask = _left_padded_batch([6, 3, 1], 6, seed=3)
     positions = positions_from_attention_mask(mask)  # (B, T): 0 at each row's first real token
 
@@ -97,7 +98,7 @@ def test_decoder_only_stack_with_cache_matches_full_pass_with_left_padding(norm_
 def _model(norm_first: bool = True) -> EncoderDecoder:
     torch.manual_seed(4)
     config = EncoderDecoderConfig(src_vocab_size=9, tgt_vocab_size=10, d_model=D, n_heads=H,
-                                  n_layers=2, norm_first=norm_first, max_len=32)
+                                  n_layers=2, norm_first=norm_first, context_length=32)
     return EncoderDecoder(config).double().eval()
 
 
@@ -144,10 +145,15 @@ def test_kv_cache_grows_resets_and_rejects_mismatches():
     assert cache.length == 3 and torch.equal(all_k, k) and torch.equal(all_v, k + 1)
     all_k, _ = cache.update(torch.randn(2, H, 1, 4), torch.randn(2, H, 1, 4))
     assert all_k.shape == (2, H, 4, 4) and torch.equal(all_k[:, :, :3], k)
-    with pytest.raises(ValueError, match=r"the cache holds \(B, H, head_dim\)=\(2, 4, 4\)"):
-        cache.update(torch.randn(3, H, 1, 4), torch.randn(3, H, 1, 4))
-    with pytest.raises(ValueError, match="k and v must have the same shape"):
-        cache.update(torch.randn(2, H, 1, 4), torch.randn(2, H, 2, 4))
+    # update() runs in every layer at every step and checks nothing; check_cache is its door.
+    fits = {"batch": 2, "heads": H, "head_dim": 4, "dtype": torch.float32,
+            "device": torch.device("cpu")}
+    assert check_cache(cache, "cache", **fits) is cache
+    with pytest.raises(ValueError, match=r"^cache holds \(B, H, head_dim\)=\(2, 4, 4\) but the "
+                                         r"new keys have \(3, 4, 4\)"):
+        check_cache(cache, "cache", **{**fits, "batch": 3})
+    with pytest.raises(TypeError, match=r"^cache must be a KVCache, got list"):
+        check_cache([], "cache", **fits)
     cache.reset()
     assert cache.length == 0 and cache.k is None
 
@@ -156,7 +162,7 @@ def test_a_cache_used_with_a_mismatched_batch_or_mask_is_rejected():
     block = TransformerBlock(D, H)
     cache = KVCache()
     block(torch.randn(2, 3, D), is_causal=True, cache=cache)
-    with pytest.raises(ValueError, match="the cache holds"):
+    with pytest.raises(ValueError, match=r"^cache holds \(B, H, head_dim\)"):
         block(torch.randn(3, 1, D), is_causal=True, cache=cache)
     with pytest.raises(ValueError, match=r"attention_mask must have shape \(B, T_k\) with T_k=4"):
         block(torch.randn(2, 1, D), is_causal=True, cache=cache,
@@ -174,13 +180,13 @@ def test_decoder_rejects_bad_caches():
     tgt = torch.zeros(2, 1, dtype=torch.long)
     with pytest.raises(ValueError, match="caches must be a list of 2 KVCache"):
         model.decoder(tgt, memory, caches=[KVCache()])
-    with pytest.raises(TypeError, match="caches must hold KVCache objects"):
+    with pytest.raises(TypeError, match=r"^caches\[1\] must be a KVCache, got str"):
         model.decoder(tgt, memory, caches=[KVCache(), "cache"])
     caches = model.new_caches()
     model.decoder(torch.zeros(2, 2, dtype=torch.long), memory, caches=caches)
     with pytest.raises(ValueError, match=r"tgt_attention_mask must have shape \(B, T\)=\(2, 3\)"):
         model.decoder(tgt, memory, caches=caches, tgt_attention_mask=torch.ones(2, 1).bool())
-    with pytest.raises(ValueError, match="the cache holds"):
+    with pytest.raises(ValueError, match=r"^caches\[0\] holds \(B, H, head_dim\)"):
         model.decoder(torch.zeros(1, 1, dtype=torch.long), memory[:1], caches=caches)
     caches[0].reset()
     with pytest.raises(ValueError, match="different lengths"):
@@ -191,11 +197,11 @@ def test_decoder_rejects_bad_caches():
 
 def test_decode_step_seconds_returns_a_time_and_validates():
     model = EncoderDecoder(EncoderDecoderConfig(src_vocab_size=5, tgt_vocab_size=5, d_model=8,
-                                                n_heads=2, n_layers=1, max_len=16))
+                                                n_heads=2, n_layers=1, context_length=16))
     for use_cache in (True, False):
         seconds = decode_step_seconds(model, 4, use_cache=use_cache, src_len=3, repeats=2)
         assert isinstance(seconds, float) and math.isfinite(seconds) and seconds > 0
-    with pytest.raises(ValueError, match="max_len=16"):
+    with pytest.raises(ValueError, match="context_length=16"):
         decode_step_seconds(model, 16, use_cache=True)
     with pytest.raises(TypeError, match="use_cache must be a bool"):
         decode_step_seconds(model, 4, use_cache="yes")
@@ -210,17 +216,14 @@ def test_decode_step_seconds_returns_a_time_and_validates():
 
 
 def test_kv_cache_refuses_new_keys_of_another_dtype_or_device_instead_of_promoting():
+    mha = MultiHeadAttention(D, H)
     cache = KVCache()
-    cache.update(torch.randn(1, H, 2, 4), torch.randn(1, H, 2, 4))
-    f64 = torch.randn(1, H, 1, 4, dtype=torch.float64)
-    with pytest.raises(TypeError, match=r"the cache holds torch.float32 keys but the new k is "
-                                        r"torch.float64"):
-        cache.update(f64, f64)
-    meta = torch.randn(1, H, 1, 4, device="meta")
-    with pytest.raises(ValueError, match=r"the cache holds keys on cpu but the new k is on meta"):
-        cache.update(meta, meta)
-    with pytest.raises(TypeError, match=r"k and v must share a dtype"):
-        cache.update(torch.randn(1, H, 1, 4), f64)
+    mha(torch.randn(1, 2, D), is_causal=True, cache=cache)
+    with pytest.raises(TypeError, match=r"^cache holds torch.float32 keys but the layer makes "
+                                        r"torch.float64 keys"):
+        mha.double()(torch.randn(1, 1, D, dtype=torch.float64), is_causal=True, cache=cache)
+    with pytest.raises(ValueError, match=r"^cache holds keys on cpu but the layer runs on meta"):
+        mha.float().to("meta")(torch.randn(1, 1, D, device="meta"), is_causal=True, cache=cache)
     assert cache.length == 2 and cache.k.dtype == torch.float32  # nothing was appended
 
 
@@ -229,7 +232,7 @@ def test_a_layer_converted_mid_decoding_is_told_to_reset_its_cache():
     cache = KVCache()
     mha(torch.randn(2, 3, D), is_causal=True, cache=cache)[0]
     mha.double()
-    with pytest.raises(TypeError, match=r"cache holds torch.float32 keys.*reset\(\)"):
+    with pytest.raises(TypeError, match=r"^cache holds torch.float32 keys.*reset\(\)"):
         mha(torch.randn(2, 1, D, dtype=torch.float64), is_causal=True, cache=cache)[0]
     with pytest.raises(TypeError, match=r"^need_weights must be a bool"):
         mha(torch.randn(2, 1, D, dtype=torch.float64), cache=cache, need_weights="yes")[0]

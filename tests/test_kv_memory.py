@@ -32,14 +32,14 @@ def test_kv_formulas_equal_the_bytes_of_real_caches(kind, n_kv_heads, dtype):
     layers = [filled_kv_cache(n_kv_heads, dtype) for _ in range(N_LAYERS)]
     measured = sum(nbytes(c.k, c.v) for c in layers)
     extra = {"n_kv_heads": n_kv_heads} if kind == "gqa" else {}
-    assert kv_cache_bytes(kind, n_layers=N_LAYERS, seq_len=T, n_heads=H, head_dim=HD,
+    assert kv_cache_bytes(kind, n_layers=N_LAYERS, context_length=T, n_heads=H, head_dim=HD,
                           batch_size=B, dtype=dtype, **extra) == measured
 
 
 @pytest.mark.parametrize("window", [1, 4, 11, 50])
 def test_window_formula_equals_the_bytes_of_a_rolling_cache(window):
     cache = filled_kv_cache(2, cache=RollingKVCache(window))
-    assert kv_cache_bytes("gqa", n_layers=1, seq_len=T, n_heads=H, head_dim=HD, n_kv_heads=2,
+    assert kv_cache_bytes("gqa", n_layers=1, context_length=T, n_heads=H, head_dim=HD, n_kv_heads=2,
                           batch_size=B, window=window) == nbytes(cache.k, cache.v)
 
 
@@ -48,22 +48,23 @@ def test_mla_formula_equals_the_bytes_of_its_latent_cache(d_rope):
     layer = MultiHeadLatentAttention(32, H, 6, d_rope=d_rope).eval()
     cache = LatentKVCache()
     layer(torch.randn(B, T, 32), is_causal=True, cache=cache)
-    assert kv_cache_bytes("mla", n_layers=1, seq_len=T, n_heads=H, head_dim=8, d_latent=6,
+    assert kv_cache_bytes("mla", n_layers=1, context_length=T, n_heads=H, head_dim=8, d_latent=6,
                           d_rope=d_rope, batch_size=B) == nbytes(cache.c, cache.k_rope)
 
 
-@pytest.mark.parametrize("seq_len", [1, 50])
-def test_linear_formula_equals_the_bytes_of_the_state_whatever_the_length(seq_len):
+@pytest.mark.parametrize("context_length", [1, 50])
+def test_linear_formula_equals_the_bytes_of_the_state_whatever_the_length(context_length):
     state = LinearAttentionState()
-    x = torch.randn(B, H, seq_len, HD)
+    x = torch.randn(B, H, context_length, HD)
     linear_attention_recurrent(x, x, x, state)
-    assert kv_cache_bytes("linear", n_layers=1, seq_len=seq_len, n_heads=H, head_dim=HD,
+    assert kv_cache_bytes("linear", n_layers=1, context_length=context_length, n_heads=H,
+                          head_dim=HD,
                           batch_size=B) == nbytes(state.S, state.z)
 
 
 def test_published_sizes_per_token():
     """Llama 2 7B (MHA) 0.5 MiB, Llama 2 70B (GQA, 8 KV heads) 320 KiB, DeepSeek-V2 (MLA)."""
-    fp16 = {"seq_len": 1, "dtype": torch.float16}
+    fp16 = {"context_length": 1, "dtype": torch.float16}
     assert kv_cache_bytes("mha", n_layers=32, n_heads=32, head_dim=128, **fp16) == 512 * 1024
     assert kv_cache_bytes("gqa", n_layers=80, n_heads=64, head_dim=128, n_kv_heads=8,
                           **fp16) == 320 * 1024
@@ -76,7 +77,7 @@ def test_published_sizes_per_token():
 
 
 def test_kinds_order_mha_gqa_mqa():
-    sizes = [kv_cache_bytes(kind, n_layers=2, seq_len=100, n_heads=8, head_dim=16,
+    sizes = [kv_cache_bytes(kind, n_layers=2, context_length=100, n_heads=8, head_dim=16,
                             **({"n_kv_heads": 2} if kind == "gqa" else {}))
              for kind in ("mha", "gqa", "mqa")]
     assert sizes[0] == 4 * sizes[1] == 8 * sizes[2]
@@ -84,7 +85,7 @@ def test_kinds_order_mha_gqa_mqa():
 
 
 def test_bad_inputs_are_refused_naming_the_argument():
-    base = {"n_layers": 1, "seq_len": 4, "n_heads": 8, "head_dim": 4}
+    base = {"n_layers": 1, "context_length": 4, "n_heads": 8, "head_dim": 4}
     with pytest.raises(ValueError, match="kind must be one of"):
         kv_cache_bytes("flash", **base)
     with pytest.raises(TypeError, match="kind must be one of"):
@@ -105,5 +106,5 @@ def test_bad_inputs_are_refused_naming_the_argument():
         kv_cache_bytes("linear", window=4, **base)
     with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
         kv_cache_bytes("mha", dtype="float32", **base)
-    with pytest.raises(ValueError, match="seq_len must be an int >= 0"):
-        kv_cache_bytes("mha", **{**base, "seq_len": -1})
+    with pytest.raises(ValueError, match="context_length must be an int >= 0"):
+        kv_cache_bytes("mha", **{**base, "context_length": -1})

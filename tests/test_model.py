@@ -14,7 +14,7 @@ V = 13
 
 def tiny(impl: str = "manual", **overrides) -> MiniGPT:
     torch.manual_seed(0)
-    config = dict(vocab_size=V, block_size=12, n_layers=2, n_heads=2, d_model=16, impl=impl)
+    config = dict(vocab_size=V, context_length=12, n_layers=2, n_heads=2, d_model=16, impl=impl)
     config.update(overrides)
     return MiniGPT(GPTConfig(**config)).double().eval()
 
@@ -26,24 +26,25 @@ MASK = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]], dtype=t
 
 def test_config_validation():
     with pytest.raises(ValueError, match="divisible"):
-        GPTConfig(vocab_size=10, block_size=8, n_heads=3, d_model=16)
+        GPTConfig(vocab_size=10, context_length=8, n_heads=3, d_model=16)
     with pytest.raises(ValueError, match="dropout"):
-        GPTConfig(vocab_size=10, block_size=8, dropout=1.0)
-    with pytest.raises(ValueError, match="block_size"):
-        GPTConfig(vocab_size=10, block_size=0)
+        GPTConfig(vocab_size=10, context_length=8, dropout=1.0)
+    with pytest.raises(ValueError, match="context_length"):
+        GPTConfig(vocab_size=10, context_length=0)
     with pytest.raises(ValueError, match="impl"):
-        GPTConfig(vocab_size=10, block_size=8, impl="flash")
+        GPTConfig(vocab_size=10, context_length=8, impl="flash")
     with pytest.raises(TypeError, match="n_layers"):
-        GPTConfig(vocab_size=10, block_size=8, n_layers=2.0)  # type: ignore[arg-type]
+        GPTConfig(vocab_size=10, context_length=8, n_layers=2.0)  # type: ignore[arg-type]
     with pytest.raises(Exception, match="frozen|cannot assign"):
-        GPTConfig(vocab_size=10, block_size=8).n_layers = 3  # type: ignore[misc]
+        GPTConfig(vocab_size=10, context_length=8).n_layers = 3  # type: ignore[misc]
 
 
 def test_init_std_sets_the_scale_of_the_initial_weights():
     torch.manual_seed(0)
-    small = MiniGPT(GPTConfig(vocab_size=50, block_size=8, n_layers=2, d_model=64))
+    small = MiniGPT(GPTConfig(vocab_size=50, context_length=8, n_layers=2, d_model=64))
     torch.manual_seed(0)
-    large = MiniGPT(GPTConfig(vocab_size=50, block_size=8, n_layers=2, d_model=64, init_std=0.1))
+    large = MiniGPT(GPTConfig(vocab_size=50, context_length=8, n_layers=2, d_model=64,
+                              init_std=0.1))
     for model, std in ((small, 0.02), (large, 0.1)):
         assert model.embed.weight.std().item() == pytest.approx(std, rel=0.05)
         assert model.blocks[0].self_attn.q_proj.weight.std().item() == pytest.approx(std, rel=0.1)
@@ -52,7 +53,7 @@ def test_init_std_sets_the_scale_of_the_initial_weights():
     for bad, error in ((0.0, ValueError), (-0.1, ValueError), (float("nan"), ValueError),
                        (True, TypeError), ("0.1", TypeError)):
         with pytest.raises(error, match="init_std must be a positive finite number"):
-            GPTConfig(vocab_size=10, block_size=8, init_std=bad)  # type: ignore[arg-type]
+            GPTConfig(vocab_size=10, context_length=8, init_std=bad)  # type: ignore[arg-type]
 
 
 def test_built_from_the_course_blocks_with_tied_weights():
@@ -117,7 +118,7 @@ def test_loss_ignores_padding_and_minus_one():
 
 def test_overfits_one_batch():
     torch.manual_seed(0)
-    model = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layers=1, n_heads=2, d_model=32))
+    model = MiniGPT(GPTConfig(vocab_size=V, context_length=8, n_layers=1, n_heads=2, d_model=32))
     idx = torch.randint(V, (4, 9), generator=torch.Generator().manual_seed(4))
     x, y = idx[:, :-1], idx[:, 1:]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -203,7 +204,7 @@ def test_attention_maps_rows_sum_to_one_on_real_keys(impl):
         (lambda m: m(IDX.float()), TypeError, "torch.long"),
         (lambda m: m(IDX[0]), ValueError, r"\(B, T\)"),
         (lambda m: m(IDX + V), ValueError, "vocab_size"),
-        (lambda m: m(torch.zeros(1, 13, dtype=torch.long)), ValueError, "block_size"),
+        (lambda m: m(torch.zeros(1, 13, dtype=torch.long)), ValueError, "context_length"),
         (lambda m: m(IDX, attention_mask=MASK.long()), TypeError, "attention_mask"),
         (lambda m: m(IDX, attention_mask=MASK[:, :4]), ValueError, "attention_mask"),
         (lambda m: m(IDX, attention_mask=torch.zeros_like(MASK)), ValueError, "real token"),
@@ -306,7 +307,7 @@ def test_sampling_from_nan_logits_says_so():
 @pytest.mark.parametrize("value", ["no", 0, None])
 def test_config_flags_must_be_bools(flag, value):
     with pytest.raises(TypeError, match=rf"^{flag} must be a bool"):
-        GPTConfig(vocab_size=V, block_size=8, **{flag: value})
+        GPTConfig(vocab_size=V, context_length=8, **{flag: value})
 
 
 @pytest.mark.parametrize(

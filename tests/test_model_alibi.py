@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 from course_attn.core.attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
-from course_attn.core.layers import _split_heads
+from course_attn.core.layers import split_heads
 from course_attn.core.masks import causal_mask
 from course_attn.core.tiled import tiled_attention
 from course_attn.models.gpt import GPTConfig, MiniGPT
@@ -29,7 +29,7 @@ impls = pytest.mark.parametrize("impl", ATTENTION_IMPLS)
 
 def tiny(impl: str = "manual", **overrides) -> MiniGPT:
     torch.manual_seed(0)
-    options = dict(vocab_size=V, block_size=12, n_layers=2, n_heads=4, d_model=16, impl=impl,
+    options = dict(vocab_size=V, context_length=12, n_layers=2, n_heads=4, d_model=16, impl=impl,
                    init_std=0.2, pos_encoding="alibi")
     return MiniGPT(GPTConfig(**{**options, **overrides})).double().eval()
 
@@ -148,19 +148,27 @@ def test_alibi_has_no_position_parameters_and_unsaved_slopes():
     assert alibi.state_dict().keys() == rope.state_dict().keys()
     assert alibi.num_parameters() == rope.num_parameters()
     assert learned.num_parameters() - alibi.num_parameters() == 12 * 16
-    assert torch.equal(alibi.alibi_slopes, alibi_slopes(4, dtype=torch.float64))
-    assert learned.alibi_slopes is None and rope.alibi_slopes is None
-    # no weight depends on block_size: a model made for longer contexts loads these weights
-    longer = tiny(block_size=24)
+    assert "alibi" not in alibi.state_dict()  # a buffer made from n_heads, not a weight
+    assert learned.alibi is None and rope.alibi is None
+    # no weight depends on context_length: a model made for longer contexts loads these weights
+    longer = tiny(context_length=24)
     longer.load_state_dict(alibi.state_dict())
     assert torch.equal(longer(IDX)[0], alibi(IDX)[0])
 
 
-def test_the_bias_is_made_once_per_forward_bottom_right_aligned():
+def test_the_bias_is_made_once_and_a_cached_step_takes_its_bottom_right_rows():
     model = tiny()
-    assert model._alibi(5, 0).shape == (4, 5, 5)
-    assert torch.equal(model._alibi(2, 3), model._alibi(5, 0)[:, -2:])
-    assert tiny(pos_encoding="rope")._alibi(5, 0) is None
+    slopes = alibi_slopes(4, dtype=torch.float64)
+    length = model.config.context_length
+    assert torch.equal(model.alibi, alibi_bias(length, length, slopes))  # (H, T_max, T_max)
+    seen = []  # the bias each block's attention is handed, read with a forward hook
+    model.blocks[0].self_attn.register_forward_hook(
+        lambda module, args, kwargs, out: seen.append(kwargs["bias"]), with_kwargs=True)
+    caches = model.new_caches()
+    model(IDX[:, :3], caches=caches)
+    model(IDX[:, 3:5], caches=caches)  # two new tokens after three cached ones
+    assert torch.equal(seen[0], alibi_bias(3, 3, slopes))
+    assert torch.equal(seen[1], alibi_bias(2, 5, slopes))  # rows 3, 4 of the full bias
 
 
 @pytest.mark.parametrize("n_kv_heads", [None, 2])
@@ -171,9 +179,9 @@ def test_the_first_layers_weights_equal_alibi_attention_by_hand(n_kv_heads):
     attn = model.blocks[0].self_attn
     h = model.blocks[0].norm1(model.embed(IDX))  # no position is added to the tokens
     group = 4 // attn.n_kv_heads
-    q = _split_heads(attn.q_proj(h), 4)  # (B, H, T, hd)
-    k = _split_heads(attn.k_proj(h), attn.n_kv_heads).repeat_interleave(group, dim=1)
-    v = _split_heads(attn.v_proj(h), attn.n_kv_heads).repeat_interleave(group, dim=1)
+    q = split_heads(attn.q_proj(h), 4)  # (B, H, T, hd)
+    k = split_heads(attn.k_proj(h), attn.n_kv_heads).repeat_interleave(group, dim=1)
+    v = split_heads(attn.v_proj(h), attn.n_kv_heads).repeat_interleave(group, dim=1)
     _, expected = alibi_attention(q, k, v, alibi_slopes(4, dtype=torch.float64),
                                   MASK[:, None, None, :], is_causal=True)
     assert_close(maps[0], expected, **TIGHT)
@@ -206,7 +214,7 @@ def test_alibi_gradients_agree_on_every_path():
 
 def test_alibi_under_bf16_autocast_runs_and_is_finite():
     torch.manual_seed(0)
-    model = MiniGPT(GPTConfig(vocab_size=V, block_size=12, n_layers=1, n_heads=2, d_model=16,
+    model = MiniGPT(GPTConfig(vocab_size=V, context_length=12, n_layers=1, n_heads=2, d_model=16,
                               pos_encoding="alibi", impl="sdpa"))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits, loss = model(IDX, IDX, attention_mask=MASK)
@@ -215,7 +223,7 @@ def test_alibi_under_bf16_autocast_runs_and_is_finite():
 
 def test_alibi_overfits_one_batch():
     torch.manual_seed(0)
-    model = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layers=1, n_heads=2, d_model=32,
+    model = MiniGPT(GPTConfig(vocab_size=V, context_length=8, n_layers=1, n_heads=2, d_model=32,
                               pos_encoding="alibi", impl="sdpa"))
     idx = torch.randint(V, (4, 9), generator=torch.Generator().manual_seed(4))
     x, y = idx[:, :-1], idx[:, 1:]

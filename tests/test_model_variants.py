@@ -12,6 +12,7 @@ a window that hides older tokens). The defaults are pinned to the old model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from course_attn.core.layers import MultiHeadAttention, sinusoidal_table
 from course_attn.core.masks import padding_mask
 from course_attn.models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
 from course_attn.modern.gqa import repeat_kv
+from course_attn.modern.rope import apply_rotary, rope_cos_sin
 from course_attn.train.checkpoint import CHECKPOINT_FORMAT, model_from_checkpoint
 
 V = 13
@@ -52,7 +54,7 @@ MASK = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]], dtype=t
 
 
 def config(impl: str = "manual", **overrides) -> GPTConfig:
-    sizes = dict(vocab_size=V, block_size=12, n_layers=2, n_heads=2, d_model=16, impl=impl)
+    sizes = dict(vocab_size=V, context_length=12, n_layers=2, n_heads=2, d_model=16, impl=impl)
     return GPTConfig(**{**sizes, **overrides})
 
 
@@ -69,14 +71,14 @@ def ids(shape: tuple[int, ...], seed: int) -> torch.Tensor:
 
 # ------------------------------------------------------------------ the defaults
 def test_the_new_fields_default_to_the_old_model():
-    c = GPTConfig(vocab_size=V, block_size=8)
+    c = GPTConfig(vocab_size=V, context_length=8)
     assert (c.pos_encoding, c.n_kv_heads, c.window) == ("learned", None, None)
     assert POS_ENCODINGS == ("learned", "sinusoidal", "rope", "alibi")
 
 
 @impls
 def test_explicit_neutral_settings_give_the_default_model_bit_for_bit(impl):
-    """n_kv_heads=n_heads and a window covering block_size change nothing, not even the RNG."""
+    """n_kv_heads=n_heads and a window covering context_length change nothing, not even the RNG."""
     base = tiny(impl=impl)
     same = tiny(impl=impl, n_kv_heads=2, window=12, pos_encoding="learned")
     assert base.state_dict().keys() == same.state_dict().keys()
@@ -199,7 +201,7 @@ def test_forward_backward_and_cached_decoding_on_meta(variant, impl):
     longer = torch.cat([mask, torch.ones(2, 1, dtype=torch.bool, device=META)], dim=1)
     step, _ = model(idx[:, :1], attention_mask=longer, caches=caches)
     assert step.shape == (2, 1, V) and step.device == META and caches[1].k.device == META
-    out = model.generate(idx, 4, temperature=0.0, attention_mask=mask)  # crosses block_size
+    out = model.generate(idx, 4, temperature=0.0, attention_mask=mask)  # crosses context_length
     assert out.shape == (2, 10) and out.device == META
 
 
@@ -275,8 +277,11 @@ def test_rope_has_no_position_table_and_sinusoidal_a_fixed_unsaved_one():
         assert model.num_parameters(non_embedding=True) == model.num_parameters()
     assert learned.num_parameters() - rope.num_parameters() == 12 * 16
     idx = ids((2, 6), 8)
-    x = sinusoidal._embed(idx, torch.arange(6))
-    torch.testing.assert_close(x, sinusoidal.embed(idx) + sinusoidal_table(12, 16)[:6].double())
+    entering = []  # what the first block receives: the embeddings plus the table's rows
+    sinusoidal.blocks[0].register_forward_pre_hook(lambda block, args: entering.append(args[0]))
+    sinusoidal(idx)
+    torch.testing.assert_close(entering[0],
+                               sinusoidal.embed(idx) + sinusoidal_table(12, 16)[:6].double())
 
 
 @pytest.mark.parametrize("shift", [1, 5, 40])
@@ -286,22 +291,31 @@ def test_a_rope_block_sees_only_relative_positions(shift):
     x = torch.randn(2, 6, 16, dtype=torch.float64)
     positions = torch.arange(6)
     block = model.blocks[0]
-    at_zero, _ = block._forward(x, None, is_causal=True, rope=model._rope(positions))
-    shifted, _ = block._forward(x, None, is_causal=True, rope=model._rope(positions + shift))
+    head_dim = model.config.d_model // model.config.n_heads
+
+    def rotation(at: torch.Tensor):  # what MiniGPT hands its blocks: RoPE at these positions
+        cos, sin = rope_cos_sin(at, head_dim, dtype=torch.float64)
+        return functools.partial(apply_rotary, cos=cos, sin=sin)
+
+    at_zero = block(x, is_causal=True, rotate=rotation(positions))
+    shifted = block(x, is_causal=True, rotate=rotation(positions + shift))
     torch.testing.assert_close(shifted, at_zero, rtol=0, atol=1e-12)
-    # a table of absolute positions is not shift-invariant: the learned model's embedding moves
+    # a table of absolute positions is not shift-invariant: the learned model's rows differ
     learned = tiny()
-    assert not torch.allclose(learned._embed(ids((1, 6), 9), positions),
-                              learned._embed(ids((1, 6), 9), positions + 1))
+    assert not torch.allclose(learned.pos(positions), learned.pos(positions + 1))
 
 
 def test_rope_positions_count_from_the_first_real_token():
     model = tiny("rope")
-    _, positions = model._mask_and_positions(IDX, MASK, 0)
-    assert torch.equal(positions, torch.tensor([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2],
-                                                [0, 0, 0, 0, 0]]))
-    cos, sin = model._rope(positions)
-    assert cos.shape == sin.shape == (3, 1, 5, 4)  # (B, 1, T, head_dim / 2): over the heads
+    rotations = []  # the rotation each forward hands the first block's attention
+    model.blocks[0].self_attn.register_forward_hook(
+        lambda layer, args, kwargs, out: rotations.append(kwargs["rotate"]), with_kwargs=True)
+    model(IDX, attention_mask=MASK)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2], [0, 0, 0, 0, 0]])
+    cos, sin = rope_cos_sin(positions, 8, dtype=torch.float64)  # (B, T, head_dim / 2)
+    assert rotations[0].keywords["cos"].shape == (3, 1, 5, 4)  # (B, 1, T, hd / 2): all heads
+    assert torch.equal(rotations[0].keywords["cos"], cos[:, None])
+    assert torch.equal(rotations[0].keywords["sin"], sin[:, None])
 
 
 # --------------------------------------------------------------- sliding window
@@ -332,7 +346,7 @@ def test_a_window_of_one_attends_only_to_itself():
 # ------------------------------------------------------------ training, saving
 def test_rope_mqa_window_overfits_one_batch():
     torch.manual_seed(0)
-    model = MiniGPT(GPTConfig(vocab_size=V, block_size=8, n_layers=1, n_heads=2, d_model=32,
+    model = MiniGPT(GPTConfig(vocab_size=V, context_length=8, n_layers=1, n_heads=2, d_model=32,
                               pos_encoding="rope", n_kv_heads=1, window=4))
     idx = ids((4, 9), 4)
     x, y = idx[:, :-1], idx[:, 1:]

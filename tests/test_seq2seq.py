@@ -30,7 +30,7 @@ TASK = ReverseTask(n_symbols=6, min_len=2, max_len=6)
 
 
 def model_for(task: seq2seq.Seq2SeqTask, **overrides) -> EncoderDecoder:
-    options = dict(d_model=32, n_heads=2, n_layers=1, max_len=16)
+    options = dict(d_model=32, n_heads=2, n_layers=1, context_length=16)
     return EncoderDecoder(EncoderDecoderConfig(task.vocab_size, task.vocab_size,
                                                **{**options, **overrides}))
 
@@ -109,7 +109,7 @@ CASES: dict[str, tuple[Callable[[], object], str, Callable[[], object], str]] = 
     "seq2seq_loss": (lambda: seq2seq_loss(model_for(TASK), tuple(BATCH)), "batch",
                      lambda: seq2seq_loss(model_for(SortTask(n_symbols=2)), BATCH), "src"),
     "greedy_answers": (
-        lambda: greedy_answers(MiniGPT(GPTConfig(vocab_size=9, block_size=4, n_layers=1,
+        lambda: greedy_answers(MiniGPT(GPTConfig(vocab_size=9, context_length=4, n_layers=1,
                                                  n_heads=1, d_model=8)), BATCH), "model",
         lambda: greedy_answers(model_for(TASK), BATCH,
                                src_attention_mask=BATCH.tgt_attention_mask),
@@ -152,15 +152,15 @@ def test_exact_match_ignores_padding_and_needs_the_eos():
 
 
 def test_train_refuses_mismatched_models_data_and_checkpoints(tmp_path):
-    gpt = MiniGPT(GPTConfig(vocab_size=9, block_size=4, n_layers=1, n_heads=1, d_model=8))
+    gpt = MiniGPT(GPTConfig(vocab_size=9, context_length=4, n_layers=1, n_heads=1, d_model=8))
     with pytest.raises(TypeError, match="data must be a Seq2SeqTask"):
         train(model_for(TASK), CopyTask(), quick())
     with pytest.raises(TypeError, match="data: a ReverseTask trains an EncoderDecoder"):
         train(gpt, TASK, quick())
     with pytest.raises(ValueError, match="vocab_size"):
         train(model_for(SortTask(n_symbols=2)), TASK, quick())
-    with pytest.raises(ValueError, match="max_len"):
-        train(model_for(TASK, max_len=6), TASK, quick())
+    with pytest.raises(ValueError, match="context_length=6"):
+        train(model_for(TASK, context_length=6), TASK, quick())
     with pytest.raises(ValueError, match="checkpoint_path must be None for an EncoderDecoder"):
         train(model_for(TASK), TASK, quick(), checkpoint_path=tmp_path / "c.pt")
     with pytest.raises(ValueError, match="resume_from must be None for an EncoderDecoder"):

@@ -309,7 +309,7 @@ def test_dropout_is_checked_like_on_the_other_paths():
 def test_one_training_step_on_the_tiled_path_equals_the_manual_path():
     """MiniGPT(impl="tiled"): the same loss, gradients and updated weights (float64),
     at a length that spans several of the default 32-position blocks, with padding."""
-    options = dict(vocab_size=11, block_size=80, n_layers=2, n_heads=2, d_model=16)
+    options = dict(vocab_size=11, context_length=80, n_layers=2, n_heads=2, d_model=16)
     torch.manual_seed(0)
     manual = MiniGPT(GPTConfig(**options, impl="manual")).double()
     tiled = MiniGPT(GPTConfig(**options, impl="tiled")).double()
@@ -342,7 +342,7 @@ def test_the_trainer_runs_on_the_tiled_path():
     results = []
     for impl in ("manual", "tiled"):
         torch.manual_seed(0)
-        model = MiniGPT(GPTConfig(vocab_size=6, block_size=task.block_size, n_layers=1,
+        model = MiniGPT(GPTConfig(vocab_size=6, context_length=task.context_length, n_layers=1,
                                   n_heads=2, d_model=16, impl=impl))
         results.append(train(model, task, config))
     assert_close(torch.tensor(results[1].train_losses), torch.tensor(results[0].train_losses),

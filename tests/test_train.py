@@ -31,7 +31,8 @@ TASK = CopyTask(vocab_size=6, half_length=4)
 
 def tiny_model(dropout: float = 0.0) -> MiniGPT:
     torch.manual_seed(0)
-    return MiniGPT(GPTConfig(vocab_size=6, block_size=TASK.block_size, n_layers=1, n_heads=2,
+    return MiniGPT(GPTConfig(vocab_size=6, context_length=TASK.context_length, n_layers=1,
+                             n_heads=2,
                              d_model=16, dropout=dropout))
 
 
@@ -135,9 +136,9 @@ def test_the_gpu_preset_refuses_a_cpu_and_says_what_it_would_cost():
         check_preset_device("gpu", "cpu", cpu_flops=100e9)
     message = str(error.value)
     sizes = PRESETS["gpu"]
-    tokens = sizes["max_iters"] * sizes["batch_size"] * sizes["block_size"]
+    tokens = sizes["max_iters"] * sizes["batch_size"] * sizes["context_length"]
     with torch.device("meta"):
-        model = MiniGPT(GPTConfig(vocab_size=65, block_size=sizes["block_size"],
+        model = MiniGPT(GPTConfig(vocab_size=65, context_length=sizes["context_length"],
                                   n_layers=sizes["n_layers"], n_heads=sizes["n_heads"],
                                   d_model=sizes["d_model"]))
     hours = model.flops_per_token() * tokens / 100e9 / 3600
@@ -153,7 +154,7 @@ def test_flops_per_token_follows_the_palm_estimate():
     model = tiny_model()
     c = model.config
     weights = model.num_parameters(non_embedding=True)
-    assert model.flops_per_token() == 6 * weights + 12 * c.n_layers * c.block_size * c.d_model
+    assert model.flops_per_token() == 6 * weights + 12 * c.n_layers * c.context_length * c.d_model
 
 
 def test_training_lowers_the_loss_on_the_copy_task():
@@ -179,7 +180,7 @@ def test_train_rejects_bad_arguments():
 def test_checkpoint_round_trip(tmp_path):
     corpus = CharCorpus.from_text("abcabcabd" * 20)
     torch.manual_seed(0)
-    model = MiniGPT(GPTConfig(vocab_size=corpus.vocab_size, block_size=8, n_layers=1, n_heads=1,
+    model = MiniGPT(GPTConfig(vocab_size=corpus.vocab_size, context_length=8, n_layers=1, n_heads=1,
                               d_model=8))
     path = tmp_path / "ckpt.pt"
     train(model, corpus, quick(max_iters=2, eval_interval=2), checkpoint_path=path,
@@ -251,7 +252,8 @@ def test_a_checkpoint_from_before_the_renames_loads_and_resumes_exactly(tmp_path
 def test_resume_refuses_another_model(tmp_path):
     path = tmp_path / "ckpt.pt"
     train(tiny_model(), TASK, quick(max_iters=3), checkpoint_path=path)
-    other = MiniGPT(GPTConfig(vocab_size=6, block_size=TASK.block_size, n_layers=2, n_heads=2,
+    other = MiniGPT(GPTConfig(vocab_size=6, context_length=TASK.context_length, n_layers=2,
+                              n_heads=2,
                               d_model=16))
     with pytest.raises(ValueError, match="different model configuration"):
         train(other, TASK, quick(), resume_from=path)
@@ -262,7 +264,7 @@ def test_resume_refuses_another_model(tmp_path):
 
 
 # ----------------------------------------------------------------------- CLI
-TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--block-size", "8",
+TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--context-length", "8",
         "--batch-size", "4", "--eval-interval", "2", "--eval-iters", "2", "--device", "cpu",
         "--quiet"]
 
@@ -315,7 +317,7 @@ def test_cli_task_reports_the_floor(tmp_path, task):
                  "cpu", "--quiet", "--metrics-out", str(metrics_path)])
     metrics = json.loads(metrics_path.read_text())
     assert code == 0 and metrics["loss_floor"] == pytest.approx(task.loss_floor())
-    assert metrics["model_config"]["block_size"] == task.block_size
+    assert metrics["model_config"]["context_length"] == task.context_length
     assert metrics["model_config"]["vocab_size"] == task.vocab_size
 
 
@@ -334,8 +336,8 @@ def test_cli_task_reports_the_floor(tmp_path, task):
         (["--samples", "-1"], "argument --samples: expected an integer >= 0, got -1"),
         (["--resume", "missing.pt"], "not an existing file"),
         (["--metrics-out", "no/such/dir/m.json"], "does not exist"),
-        (["--task", "copy", "--block-size", "8"], "fixes it"),
-        (["--block-size", "4096"], "too short"),
+        (["--task", "copy", "--context-length", "8"], "fixes it"),
+        (["--context-length", "4096"], "too short"),
         (["--device", "tpu"], "device"),
     ],
 )

@@ -29,7 +29,8 @@ WEIGHTS = torch.full((6, 6), 1 / 6)
 
 
 def model() -> MiniGPT:
-    return MiniGPT(GPTConfig(vocab_size=6, block_size=TASK.block_size, n_layers=1, n_heads=1,
+    return MiniGPT(GPTConfig(vocab_size=6, context_length=TASK.context_length, n_layers=1,
+                             n_heads=1,
                              d_model=8))
 
 
@@ -122,8 +123,8 @@ CASES: dict[str, Case] = {
                  lambda p: tasks.CopyTask(vocab_size=1), "vocab_size"),
     "CopyTask.sample": (lambda p: TASK.sample("2"), "batch_size",
                         lambda p: TASK.sample(0), "batch_size"),
-    "CopyTask.get_batch": (lambda p: TASK.get_batch("train", 2, 7.0), "block_size",
-                           lambda p: TASK.get_batch("train", 2, 8), "block_size"),
+    "CopyTask.get_batch": (lambda p: TASK.get_batch("train", 2, 7.0), "context_length",
+                           lambda p: TASK.get_batch("train", 2, 8), "context_length"),
     "RecallTask": (lambda p: tasks.RecallTask(n_pairs=3.0), "n_pairs",
                    lambda p: tasks.RecallTask(n_keys=17), "n_keys"),
     "RecallTask.sample": (lambda p: tasks.RecallTask().sample(2, generator=1), "generator",

@@ -35,7 +35,7 @@ from course_attn.train import (
 )
 
 TASK = CopyTask(vocab_size=6, half_length=4)
-TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--block-size", "8",
+TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--context-length", "8",
         "--batch-size", "4", "--eval-interval", "2", "--eval-iters", "2", "--device", "cpu",
         "--warmup-iters", "1", "--quiet"]
 TEXT = "the cat sat on the mat. the dog sat on the log.\n" * 30
@@ -43,7 +43,8 @@ TEXT = "the cat sat on the mat. the dog sat on the log.\n" * 30
 
 def tiny_model() -> MiniGPT:
     torch.manual_seed(0)
-    return MiniGPT(GPTConfig(vocab_size=6, block_size=TASK.block_size, n_layers=1, n_heads=2,
+    return MiniGPT(GPTConfig(vocab_size=6, context_length=TASK.context_length, n_layers=1,
+                             n_heads=2,
                              d_model=16))
 
 
@@ -330,7 +331,7 @@ def test_cli_resume_refuses_another_text(tmp_path, corpus_file, capsys):
     assert "the training text (SHA-256" in err
     err = exits_with_2(["--task", "copy", "--n-layers", "1", "--n-heads", "2", "--d-model", "16",
                         "--device", "cpu", "--resume", ckpt], capsys)
-    assert "different model configuration: vocab_size 15 -> 16, block_size 8 -> 31" in err
+    assert "different model configuration: vocab_size 15 -> 16, context_length 8 -> 31" in err
 
 
 def test_resume_may_change_only_where_and_how_it_runs(tmp_path):

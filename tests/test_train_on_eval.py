@@ -20,7 +20,8 @@ TASK = CopyTask(vocab_size=6, half_length=4)
 
 def tiny_model(dropout: float = 0.0) -> MiniGPT:
     torch.manual_seed(0)
-    return MiniGPT(GPTConfig(vocab_size=6, block_size=TASK.block_size, n_layers=1, n_heads=2,
+    return MiniGPT(GPTConfig(vocab_size=6, context_length=TASK.context_length, n_layers=1,
+                             n_heads=2,
                              d_model=16, dropout=dropout))
 
 
@@ -123,7 +124,7 @@ def test_on_eval_sees_an_encoder_decoder_too():
     task = ReverseTask(n_symbols=6, min_len=2, max_len=6)
     torch.manual_seed(0)
     model = EncoderDecoder(EncoderDecoderConfig(task.vocab_size, task.vocab_size, d_model=16,
-                                                n_heads=2, n_layers=1, max_len=16))
+                                                n_heads=2, n_layers=1, context_length=16))
     seen = []
     result = train(model, task, quick(max_iters=4, eval_interval=2),
                    on_eval=lambda iteration, m, r: seen.append((iteration, m is model)))

@@ -34,7 +34,8 @@ OUT = Path(__file__).resolve().parents[1] / "src" / "course_attn" / "ablation_ru
 #: The chapter's two tasks, their models (seed 0) and training settings (11.2 and 11.4).
 TASKS = {"copy": CopyTask(vocab_size=16, half_length=12),
          "recall": RecallTask(n_keys=8, n_values=8, n_pairs=12, max_step=4)}
-MODELS = {name: GPTConfig(vocab_size=task.vocab_size, block_size=task.block_size, n_layers=2,
+MODELS = {name: GPTConfig(vocab_size=task.vocab_size, context_length=task.context_length,
+                          n_layers=2,
                           n_heads=2, d_model=64, init_std=0.1 if name == "recall" else 0.02)
           for name, task in TASKS.items()}
 SETTINGS = {"copy": dict(batch_size=32, lr=3e-3, warmup_iters=50, weight_decay=0.0,

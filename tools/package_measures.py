@@ -193,35 +193,55 @@ def longest(mods: dict[str, Path], kind: type) -> tuple[int, str]:
     return best
 
 
-def traced_forward() -> tuple[int, list[str]]:
-    """Lines (whole functions) and files one MiniGPT forward with a loss runs through."""
+def _is_check(code) -> bool:  # noqa: ANN001
+    return code.co_name.startswith(CHECK_PREFIXES) or code.co_filename.endswith("_validation.py")
+
+
+def traced(run) -> tuple[set, int]:  # noqa: ANN001
+    """The package's functions ``run()`` enters, and how many check calls it makes."""
+    seen: set = set()
+    checks = 0
+
+    def tracer(frame, event, arg):  # noqa: ANN001, ANN202
+        nonlocal checks
+        if event == "call" and frame.f_code.co_filename.startswith(str(ROOT)):
+            seen.add(frame.f_code)
+            checks += _is_check(frame.f_code)
+        return None
+
+    sys.settrace(tracer)
+    try:
+        run()
+    finally:
+        sys.settrace(None)
+    return seen, checks
+
+
+def traced_forward() -> tuple[int, list[str], int, int]:
+    """Lines (whole functions) and files one MiniGPT forward with a loss runs through.
+
+    Also the check calls of that forward, and of ``generate`` for 20 new tokens.
+    """
     sys.path.insert(0, str(ROOT.parent))
     import torch
 
     from course_attn import GPTConfig, MiniGPT
 
     torch.manual_seed(0)
-    model = MiniGPT(GPTConfig(vocab_size=65, block_size=32))
+    fields = GPTConfig.__dataclass_fields__
+    length = "context_length" if "context_length" in fields else "block_size"
+    model = MiniGPT(GPTConfig(vocab_size=65, **{length: 32}))
     idx = torch.randint(0, 65, (2, 32))
     model(idx, idx)  # warm up: lazy imports are not part of a forward
-    seen: set = set()
-
-    def tracer(frame, event, arg):  # noqa: ANN001, ANN202
-        if event == "call" and frame.f_code.co_filename.startswith(str(ROOT)):
-            seen.add(frame.f_code)
-        return None
-
-    sys.settrace(tracer)
-    try:
-        model(idx, idx)
-    finally:
-        sys.settrace(None)
+    model.generate(idx[:, :4], 2)
+    seen, forward_checks = traced(lambda: model(idx, idx))
+    _, generate_checks = traced(lambda: model.generate(idx[:, :4], 20))
     total, files = 0, set()
     for code in seen:
         lines, _ = inspect.getsourcelines(code)
         total += len(lines)
         files.add(str(Path(code.co_filename).relative_to(ROOT)))
-    return total, sorted(files)
+    return total, sorted(files), forward_checks, generate_checks
 
 
 def main() -> None:
@@ -239,7 +259,7 @@ def main() -> None:
             model_code += len(code)
             model_check += len(checks)
         rows.append((name, len(code), len(checks), is_model_module(tree)))
-    lines, files = traced_forward()
+    lines, files, forward_checks, generate_checks = traced_forward()
     edges, private_imports = import_graph(mods)
     loops = circles(edges)
     calls = private_calls(mods)
@@ -247,6 +267,8 @@ def main() -> None:
     print(f"modules: {len(mods)}, lines: {size}")
     print(f"MiniGPT forward + loss runs through {lines} lines in {len(files)} files: "
           f"{', '.join(files)}")
+    print(f"check calls: {forward_checks} in that forward; {generate_checks} in generate() "
+          f"of 20 new tokens (4-layer model)")
     print(f"check lines: {total_check} of {total_code} code lines "
           f"({100 * total_check / total_code:.1f}%); model modules: {model_check} of "
           f"{model_code} ({100 * model_check / model_code:.1f}%)")

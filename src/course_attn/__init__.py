@@ -4,7 +4,13 @@ Each public name states in its docstring the chapter that derives it.
 """
 
 from ._version import __version__
-from .core.attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
+from .core.attention import (
+    ATTENTION_FUNCTIONS,
+    ATTENTION_IMPLS,
+    attention,
+    scaled_dot_product_attention,
+)
+from .core.kv_cache import Cache, KVCache, new_caches
 from .core.layers import (
     FeedForward,
     MultiHeadAttention,
@@ -53,7 +59,6 @@ from .data.text import (
 from .env import environment_report, pick_device, seed_everything
 from .lab.analysis import induction_attention_score, offset_attention_score
 from .lab.experiments import block_gradient_norms, decode_step_seconds
-from .models.decoding import KVCache, new_caches
 from .models.encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
 from .models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
 from .modern.alibi import alibi_attention, alibi_bias, alibi_slopes
@@ -88,7 +93,9 @@ __all__ = [
     "offset_attention_score",
     "train_val_split",
     "__version__",
+    "ATTENTION_FUNCTIONS",
     "ATTENTION_IMPLS",
+    "Cache",
     "FeedForward",
     "KVCache",
     "MultiHeadAttention",

@@ -31,12 +31,13 @@ a host-device synchronisation (under ``torch.compile``, a graph break), so:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from numbers import Real
 from typing import Literal, overload
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 __all__ = [
     "check_bool",
@@ -45,7 +46,14 @@ __all__ = [
     "check_sequence",
     "check_token_ids",
     "check_token_mask",
+    "trust_children",
+    "trusting",
+    "check_attention_args",
     "check_device",
+    "check_device_exists",
+    "check_kv_heads",
+    "check_qkv",
+    "explain_out_of_memory",
     "check_head_split",
     "check_left_padding",
     "check_nonnegative_int",
@@ -152,31 +160,70 @@ def check_bool(value: object, name: str) -> bool:
 
 
 @overload
-def check_device(value: object, name: str = ..., *,
-                 allow_none: Literal[False]) -> torch.device: ...
+def check_device(value: object, name: str = ..., *, allow_none: Literal[False],
+                 exists: bool = ...) -> torch.device: ...
 @overload
-def check_device(value: object, name: str = ..., *,
-                 allow_none: bool = ...) -> torch.device | None: ...
-def check_device(value: object, name: str = "device", *,
-                 allow_none: bool = True) -> torch.device | None:
+def check_device(value: object, name: str = ..., *, allow_none: bool = ...,
+                 exists: bool = ...) -> torch.device | None: ...
+def check_device(value: object, name: str = "device", *, allow_none: bool = True,
+                 exists: bool = False) -> torch.device | None:
     """Check a device argument: a ``torch.device``, a string such as ``"cuda:0"``, or ``None``.
 
-    Returns the parsed ``torch.device`` (or ``None``, where ``allow_none``). Only
-    the spelling is checked here, not whether such a device exists on this machine.
+    Returns the parsed ``torch.device`` (or ``None``, where ``allow_none``). With
+    ``exists`` (functions that make tensors there) a CUDA or MPS device must exist on
+    this machine: torch would otherwise fail inside with an ``AssertionError`` or an
+    allocator message. ``"meta"``, which holds shapes without values, is accepted.
     """
     if value is None and not allow_none:
         raise TypeError(f"{name} must be a torch.device or a string such as 'cpu' or "
                         "'cuda:0', got None")
-    if value is None or isinstance(value, torch.device):
-        return value
-    if not isinstance(value, str):
+    if value is None:
+        return None
+    if isinstance(value, torch.device):
+        device = value
+    elif isinstance(value, str):
+        try:
+            device = torch.device(value)
+        except RuntimeError:
+            raise ValueError(f"{name} must name a torch device such as 'cpu', 'cuda', 'cuda:0' "
+                             f"or 'mps', got {value!r}") from None
+    else:
         raise TypeError(f"{name} must be a torch.device, a string such as 'cpu' or 'cuda:0', "
                         f"or None, got {_describe(value)}")
+    return check_device_exists(device, name) if exists else device
+
+
+def check_device_exists(device: torch.device, name: str = "device") -> torch.device:
+    """Refuse a CUDA or MPS device this machine does not have (an index too, for CUDA)."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}={str(device)!r} but no CUDA device is available")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"{name}={str(device)!r} asks for CUDA device index {device.index}, "
+                             f"but this machine has {count} CUDA device"
+                             f"{'' if count == 1 else 's'} (indices 0 to {count - 1})")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{name}={str(device)!r} but no Apple MPS device is available")
+    return device
+
+
+@contextmanager
+def explain_out_of_memory(what: str, n_bytes: int) -> Iterator[None]:
+    """Turn an allocator failure while making ``what`` into a ``ValueError`` that says so.
+
+    ``what`` names the call and its sizes, ``n_bytes`` the memory it asked for. Torch's own
+    message ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory") does not
+    say which argument was too large.
+    """
     try:
-        return torch.device(value)
-    except RuntimeError:
-        raise ValueError(f"{name} must name a torch device such as 'cpu', 'cuda', 'cuda:0' or "
-                         f"'mps', got {value!r}") from None
+        yield
+    except (MemoryError, RuntimeError) as error:  # torch.OutOfMemoryError is a RuntimeError
+        text = str(error).lower()
+        if not isinstance(error, MemoryError) and "memory" not in text and "alloc" not in text:
+            raise
+        raise ValueError(f"{what} needs {n_bytes:.3g} bytes, more than this machine can "
+                         f"allocate ({type(error).__name__})") from None
 
 
 def check_choice(value: object, name: str, choices: Iterable[str]) -> str:
@@ -322,3 +369,106 @@ def check_head_split(d_model: object, n_heads: object) -> int:
         raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} "
                          "(each head gets d_model / n_heads dimensions)")
     return d_model // n_heads
+
+
+def check_kv_heads(n_heads: object, n_kv_heads: object) -> tuple[int, int]:
+    """Check that ``n_kv_heads`` divides ``n_heads`` (grouped-query attention); return both."""
+    n_heads = check_positive_int(n_heads, "n_heads")
+    n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads} (each key/value "
+                         f"head serves a whole group of query heads)")
+    return n_heads, n_kv_heads
+
+
+def check_qkv(q: object, k: object, v: object) -> tuple[Tensor, Tensor, Tensor]:
+    """Check queries ``(..., T_q, d_k)``, keys ``(..., T_k, d_k)``, values ``(..., T_k, d_v)``.
+
+    One dtype and one device for the three, ``d_k >= 1``, batch dimensions that broadcast.
+    """
+    q = check_tensor(q, "q", min_ndim=2)
+    k = check_tensor(k, "k", min_ndim=2)
+    v = check_tensor(v, "v", min_ndim=2)
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, "
+                         f"{v.device}; move them with .to(device)")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share their last dimension d_k (queries are compared "
+                         f"with keys), got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"q and k must have a head size d_k >= 1 (the scores are scaled by "
+                         f"1/sqrt(d_k)), got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of positions T_k (one value per "
+                         f"key), got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    try:
+        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"the batch dimensions of q {tuple(q.shape)}, k {tuple(k.shape)} and "
+                         f"v {tuple(v.shape)} do not broadcast") from None
+    return q, k, v
+
+
+def check_attention_args(q: object, k: object, v: object, mask: object = None, *,
+                         is_causal: object = False, scale: object = None,
+                         dropout_p: object = 0.0, bias: object = None,
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, float, Tensor | None]:
+    """The door of every attention function: check its arguments once, and prepare them.
+
+    Returns ``(q, k, v, mask, scale, bias)``: the mask on ``q``'s device with at least its
+    ``(T_q, T_k)`` axes, the scale as a float (``1 / sqrt(d_k)`` for ``None``), the bias on
+    ``q``'s device in ``q``'s dtype. The attention paths behind the door check nothing.
+    """
+    q, k, v = check_qkv(q, k, v)
+    scores_shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
+    if mask is not None:
+        mask = check_bool_mask(mask, "mask", scores_shape).to(q.device)
+        if mask.dim() < 2:  # (T_k,) or a scalar: give it its (T_q, T_k) axes, as 1s
+            mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))
+    check_bool(is_causal, "is_causal")
+    check_probability(dropout_p, "dropout_p")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_positive_real(scale, "scale")
+    if bias is not None:
+        if not isinstance(bias, Tensor) or not bias.is_floating_point():
+            got = bias.dtype if isinstance(bias, Tensor) else type(bias).__name__
+            raise TypeError(f"bias must be a floating-point torch.Tensor added to the scores "
+                            f"(a boolean mask goes in mask=), got {got}")
+        try:
+            fits = torch.broadcast_shapes(bias.shape, scores_shape) == scores_shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast to the "
+                             f"attention scores' shape {tuple(scores_shape)}")
+        bias = bias.to(q.device, q.dtype)  # a no-op when it is already there
+    return q, k, v, mask, scale, bias
+
+
+def trust_children(parent: nn.Module) -> None:
+    """Shut the doors of the layers inside ``parent``: it checks its own inputs, once.
+
+    Every layer of the course has ``check_inputs = True``: built by a reader, it
+    checks the arguments of each call. Built into a block or a model, it is handed
+    arguments its parent has already checked and prepared, so re-checking them in
+    every layer of every step would cost time and say nothing new.
+    """
+    for module in parent.modules():
+        if module is not parent and hasattr(module, "check_inputs"):
+            setattr(module, "check_inputs", False)  # noqa: B010  (nn.Module's typing)
+
+
+@contextmanager
+def trusting(module: nn.Module) -> Iterator[None]:
+    """Shut ``module``'s own door for a while: its caller has checked the arguments once.
+
+    ``MiniGPT.generate`` checks its arguments, then runs the model's forward at every
+    step inside ``with trusting(model):``, so nothing is checked inside the loop.
+    """
+    was = getattr(module, "check_inputs")  # noqa: B009  (nn.Module's typing)
+    setattr(module, "check_inputs", False)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(module, "check_inputs", was)  # noqa: B010

@@ -8,6 +8,8 @@ import random
 import numpy as np
 import torch
 
+from ._validation import check_device, check_device_exists
+
 __all__ = ["environment_report", "pick_device", "seed_everything"]
 
 
@@ -29,34 +31,14 @@ def pick_device(preferred: str | torch.device | None = None) -> torch.device:
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    if isinstance(preferred, torch.device):
-        device = preferred
-    elif isinstance(preferred, str):
-        try:
-            device = torch.device(preferred)
-        except RuntimeError:
-            raise ValueError(f"preferred must name a torch device such as 'cpu', 'cuda', "
-                             f"'cuda:0' or 'mps', got {preferred!r}") from None
-    else:
-        raise TypeError(f"preferred must be a device string such as 'cuda', a torch.device "
-                        f"or None, got {type(preferred).__name__} {preferred!r}")
+    device = check_device(preferred, "preferred", allow_none=False)
     if device.type not in RUNNABLE_DEVICE_TYPES:
         why = " ('meta' tensors have shapes but no values)" if device.type == "meta" else ""
         raise ValueError(f"preferred={preferred!r} is not a device to run on{why}; the course "
                          f"runs on {', '.join(RUNNABLE_DEVICE_TYPES)}")
     if device.type == "cpu" and device.index not in (None, 0):
         raise ValueError(f"preferred={preferred!r}: there is one CPU device, 'cpu' (index 0)")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"preferred={preferred!r} but no CUDA device is available")
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise ValueError(f"preferred={preferred!r} asks for CUDA device index {device.index}, "
-                             f"but this machine has {count} CUDA device"
-                             f"{'' if count == 1 else 's'} (indices 0 to {count - 1})")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"preferred={preferred!r} but no Apple MPS device is available")
-    return device
+    return check_device_exists(device, "preferred")
 
 
 SEED_MAX = 2**64 - 1  # torch.manual_seed takes at most an unsigned 64-bit integer

@@ -1,19 +1,20 @@
-"""Chapters 6 and 7: multi-head attention and the Transformer block.
+"""Chapters 6 and 7: multi-head attention, the feed-forward network, positions, the block.
 
-Read top to bottom: head split/merge, multi-head attention (self or cross),
-the feed-forward network, positional encodings, and the block that assembles
-them (pre-norm or post-norm, encoder or decoder). The KV cache lives in
-:mod:`course_attn.decoding`.
+Read top to bottom: the head split, multi-head attention (self or cross, with an
+optional KV cache), the feed-forward network, sinusoidal positions, and the
+Transformer block that assembles them (pre-norm or post-norm, encoder or decoder).
 
-Every layer checks its arguments once, in ``forward``, and then calls its
-unchecked ``_forward``. Layers built from other layers call the inner ones'
-``_forward``: a model's inputs are checked at its own boundary, not again in
-every layer of every step.
+Each layer has one ``forward``, and a parent calls its children through
+``__call__`` (``self.self_attn(h, ...)``), so forward hooks, ``torch.compile`` and
+interpretability tools see every layer. A layer a reader builds checks its inputs
+at its door (``course_attn.core.checks``); a layer built into a parent trusts the
+parent (``check_inputs`` is then ``False``, see ``trust_children``), so a model's
+inputs are checked once per forward, not once per layer and step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -23,28 +24,30 @@ from .._validation import (
     check_bool,
     check_choice,
     check_head_split,
+    check_kv_heads,
     check_positive_int,
     check_positive_real,
     check_probability,
-    check_sequence,
     check_tensor,
-    check_token_mask,
-    values_checkable,
+    trust_children,
 )
-from ..models.decoding import KVCache, check_caches
-from ..modern.gqa import _repeat_kv, check_kv_heads
-from ..modern.rope import _rotate
-from .attention import ATTENTION_IMPLS, _attention
-from .masks import combine_masks
+from .attention import ATTENTION_FUNCTIONS, ATTENTION_IMPLS, AttentionFunction
+from .checks import (
+    check_attention_function,
+    check_block_call,
+    check_feed_forward_call,
+    check_multi_head_call,
+    check_positions_call,
+)
+from .kv_cache import KVCache
+from .masks import scores_mask
 
 __all__ = [
     "FeedForward",
-    "KVCache",
     "MultiHeadAttention",
     "PositionalEncoding",
     "TransformerBlock",
     "TransformerBlocks",
-    "check_caches",
     "merge_heads",
     "sinusoidal_table",
     "split_heads",
@@ -52,7 +55,7 @@ __all__ = [
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
-    """``(B, T, D)`` -> ``(B, H, T, head_dim)``: each head gets its own slice of the width.
+    """``(B, T, D)`` -> ``(B, H, T, head_dim)``: each head gets a slice of the width (Chapter 6).
 
     ``view`` alone would be wrong: it must be followed by ``transpose`` so that
     the head axis comes before the time axis (Chapter 6 shows the pitfall).
@@ -61,22 +64,15 @@ def split_heads(x: Tensor, n_heads: int) -> Tensor:
     n_heads = check_positive_int(n_heads, "n_heads")
     if x.shape[-1] % n_heads:
         raise ValueError(f"the width D={x.shape[-1]} of x must be divisible by n_heads={n_heads}")
-    return _split_heads(x, n_heads)
-
-
-def _split_heads(x: Tensor, n_heads: int) -> Tensor:
     batch, time, width = x.shape
     x = x.view(batch, time, n_heads, width // n_heads)  # (B, T, D) -> (B, T, H, head_dim)
     return x.transpose(1, 2)  # (B, T, H, head_dim) -> (B, H, T, head_dim)
 
 
 def merge_heads(x: Tensor) -> Tensor:
-    """``(B, H, T, head_dim)`` -> ``(B, T, H * head_dim)``, the inverse of :func:`split_heads`."""
+    """``(B, H, T, head_dim)`` -> ``(B, T, H * head_dim)``, undoing :func:`split_heads` (Chapter 6).
+    """
     check_tensor(x, "x", ndim=4)
-    return _merge_heads(x)
-
-
-def _merge_heads(x: Tensor) -> Tensor:
     batch, n_heads, time, head_dim = x.shape
     x = x.transpose(1, 2).contiguous()  # (B, H, T, head_dim) -> (B, T, H, head_dim)
     return x.view(batch, time, n_heads * head_dim)  # (B, T, H, head_dim) -> (B, T, D)
@@ -90,22 +86,29 @@ class MultiHeadAttention(nn.Module):
     Weights are laid out like ``nn.MultiheadAttention`` (``in_proj_weight`` is
     ``cat([q_proj.weight, k_proj.weight, v_proj.weight])``), so they can be copied.
 
-    ``n_kv_heads`` (default ``n_heads``) makes it grouped-query attention: ``k_proj``
-    and ``v_proj`` produce only ``n_kv_heads`` heads, which the cache stores, and
-    each is shared by ``n_heads / n_kv_heads`` query heads (``1``: multi-query).
+    ``n_kv_heads`` (default ``n_heads``) makes it grouped-query attention (Chapter 10):
+    ``k_proj`` and ``v_proj`` produce only ``n_kv_heads`` heads, which the cache stores,
+    and each serves ``n_heads / n_kv_heads`` query heads (``1``: multi-query).
+    ``impl`` picks the attention path (``ATTENTION_IMPLS``); ``attention_fn`` replaces
+    it with any function of that signature (``course_attn.core.attention``), the way
+    Hugging Face models take an ``attn_implementation``: linear attention, say (Chapter 10).
     """
 
+    check_inputs = True  # a layer a reader builds checks its inputs; a parent turns it off
+
     def __init__(self, d_model: int, n_heads: int, *, bias: bool = True, dropout: float = 0.0,
-                 impl: str = "manual", n_kv_heads: int | None = None) -> None:
+                 impl: str = "manual", n_kv_heads: int | None = None,
+                 attention_fn: AttentionFunction | None = None) -> None:
         super().__init__()
         self.head_dim = check_head_split(d_model, n_heads)
         self.d_model, self.n_heads = d_model, n_heads
         self.n_kv_heads = n_heads if n_kv_heads is None else check_kv_heads(n_heads,
                                                                             n_kv_heads)[1]
-        kv_width = self.n_kv_heads * self.head_dim
         self.dropout = check_probability(dropout, "dropout")
         self.impl = check_choice(impl, "impl", ATTENTION_IMPLS)
+        self.attention_fn = check_attention_function(attention_fn)
         check_bool(bias, "bias")
+        kv_width = self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
         self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
         self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
@@ -122,93 +125,48 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        rotate: Callable[[Tensor], Tensor] | None = None,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query (B, T_q, D)`` to ``key``/``value (B, T_k, D)``.
 
         Omit ``key`` and ``value`` for self-attention. ``attention_mask (B, T_k)``
         is ``True`` on real keys (``False`` on padding); ``mask`` is bool
-        ``(T_q, T_k)`` or ``(B, T_q, T_k)``, ``True`` = may attend; ``is_causal``
-        adds ``causal_mask(T_q, T_k)``. With a ``cache`` (self-attention only) the
-        new keys and values are appended to it and ``T_k`` counts every cached
-        position, so ``attention_mask`` must cover them all.
+        ``(T_q, T_k)`` or ``(B, T_q, T_k)``, ``True`` = may attend (inside a model: any
+        mask broadcastable to ``(B, H, T_q, T_k)``, already on ``query``'s device);
+        ``is_causal`` adds ``causal_mask(T_q, T_k)``. With a ``cache`` (self-attention
+        only) the new keys and values are appended to it and ``T_k`` counts every
+        cached position, so ``attention_mask`` must cover them all. ``rotate`` turns
+        the queries and keys ``(B, H, T, head_dim)`` by their positions before the keys
+        are cached (RoPE, Chapter 10); ``bias`` is added to every head's scores (ALiBi).
 
         Returns ``(out (B, T_q, D), attn_weights)``, like ``nn.MultiheadAttention``:
         ``attn_weights (B, H, T_q, T_k)`` when ``need_weights=True`` (which uses the
-        manual path), else ``None``. Values are never scanned (no host-device sync):
-        NaN or inf inputs propagate, except in padded keys, which are contained
-        (see ``course_attn._validation``).
+        manual path), else ``None``. Values are never scanned (no host-device sync).
         """
-        key, value = self._check_call(query, key, value, attention_mask, mask, is_causal,
-                                      need_weights, cache)
-        t_k = key.shape[1] + (0 if cache is None else cache.length)  # cached keys count too
-        # The causal part stays a flag: attention() turns it into the fused kernel's
-        # is_causal=True when nothing else is masked (FlashAttention-eligible).
-        combined = combine_masks(query.shape[1], t_k, mask=mask, attention_mask=attention_mask,
-                                 device=query.device)
-        return self._forward(query, key, value, combined, is_causal=is_causal,
-                             need_weights=need_weights, cache=cache)
-
-    def _forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, *,
-                 is_causal: bool = False, need_weights: bool = False,
-                 cache: KVCache | None = None,
-                 rope: tuple[Tensor, Tensor] | None = None,
-                 bias: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """:meth:`forward` without checks; ``mask`` is combined and on ``query``'s device.
-
-        ``rope`` is ``(cos, sin)`` from ``rope.rope_cos_sin`` at the new tokens'
-        positions, ``(T_q, head_dim / 2)`` or ``(B, 1, T_q, head_dim / 2)``
-        (self-attention): queries and keys are rotated, keys before they are cached.
-        ``bias`` is added to every head's scaled scores, broadcastable to
-        ``(B, H, T_q, T_k)`` with ``T_k`` counting cached keys (ALiBi's
-        ``alibi_bias(T_q, T_k, slopes)``, ``(H, T_q, T_k)``), on ``query``'s device.
-        """
-        n_kv = self.n_kv_heads
-        q = _split_heads(self.q_proj(query), self.n_heads)  # (B, T_q, D) -> (B, H, T_q, hd)
-        k = _split_heads(self.k_proj(key), n_kv)  # (B, T_k, H_kv * hd) -> (B, H_kv, T_k, hd)
-        v = _split_heads(self.v_proj(value), n_kv)  # (B, T_k, H_kv * hd) -> (B, H_kv, T_k, hd)
-        if rope is not None:
-            q, k = _rotate(q, *rope), _rotate(k, *rope)  # a cached key keeps its rotation
+        if self.check_inputs:
+            attention_mask, mask = check_multi_head_call(self, query, key, value, attention_mask,
+                                                         mask, is_causal, need_weights, cache, bias)
+        mask = scores_mask(mask, attention_mask)  # (B, 1, T_q, T_k), or as a parent prepared it
+        key = query if key is None else key
+        value = key if value is None else value
+        (batch, t_q, _), t_k, hd = query.shape, key.shape[1], self.head_dim
+        q = self.q_proj(query).view(batch, t_q, self.n_heads, hd)  # (B, T_q, H, hd)
+        k = self.k_proj(key).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
+        v = self.v_proj(value).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H(_kv), T, hd)
+        if rotate is not None:  # RoPE: a key is turned by its own position, once, then cached
+            q, k = rotate(q), rotate(k)
         if cache is not None:
-            k, v = cache.update(k, v)  # (B, H_kv, T_cache + T_q, head_dim)
-        # Each key/value head serves n_heads / n_kv_heads query heads (GQA).
-        k = _repeat_kv(k, self.n_heads // n_kv)  # (B, H_kv, T_k, hd) -> (B, H, T_k, hd)
-        v = _repeat_kv(v, self.n_heads // n_kv)  # (B, H_kv, T_k, hd) -> (B, H, T_k, hd)
-        dropout_p = self.dropout if self.training else 0.0
-        impl = "manual" if need_weights else self.impl
-        out, attn_weights = _attention(q, k, v, mask, is_causal=is_causal, scale=None,
-                                       dropout_p=dropout_p, impl=impl, bias=bias)
-        out = self.out_proj(_merge_heads(out))  # (B, H, T_q, head_dim) -> (B, T_q, D)
-        return out, attn_weights if need_weights else None
-
-    def _check_call(self, query: object, key: object, value: object, attention_mask: object,
-                    mask: object, is_causal: object, need_weights: object,
-                    cache: object) -> tuple[Tensor, Tensor]:
-        """Every check before any work: a bad flag must not leave the cache half-updated."""
-        dtype = self.q_proj.weight.dtype
-        query = check_sequence(query, "query", width=self.d_model, dtype=dtype)
-        if (key is None) != (value is None):
-            raise ValueError("pass both key and value (cross-attention) or neither "
-                             "(self-attention)")
-        if key is not None and cache is not None:
-            raise ValueError("cache is for self-attention; pass key=value=None with it")
-        batch = query.shape[0]
-        if key is not None:
-            key = check_sequence(key, "key", width=self.d_model, batch=batch, dtype=dtype)
-            value = check_sequence(value, "value", width=self.d_model, batch=batch, dtype=dtype)
-            if key.shape[1] != value.shape[1]:
-                raise ValueError(f"key and value must have the same length T_k, got "
-                                 f"{tuple(key.shape)} and {tuple(value.shape)}")
-        if cache is not None and not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-        check_bool(need_weights, "need_weights")
-        check_bool(is_causal, "is_causal")
-        if isinstance(attention_mask, Tensor) and attention_mask.shape[:1] != (batch,):
-            raise ValueError(f"attention_mask must have shape (B, T_k) with B={batch}, "
-                             f"got {tuple(attention_mask.shape)}")
-        if isinstance(mask, Tensor) and mask.dim() == 3 and mask.shape[0] not in (1, batch):
-            raise ValueError(f"mask must have shape (T_q, T_k) or (B, T_q, T_k) with "
-                             f"B={batch}, got {tuple(mask.shape)}")
-        return (query, query) if key is None else (key, value)  # type: ignore[return-value]
+            k, v = cache.update(k, v)  # (B, H_kv, T_cache + T_k, hd)
+        if self.n_kv_heads != self.n_heads:  # GQA: each key/value head serves a group of queries
+            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T_k, hd)
+            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T_k, hd)
+        attend = self.attention_fn or ATTENTION_FUNCTIONS["manual" if need_weights else self.impl]
+        out, weights = attend(q, k, v, mask, is_causal=is_causal, bias=bias,
+                              dropout_p=self.dropout if self.training else 0.0)  # (B, H, T_q, hd)
+        out = out.transpose(1, 2).reshape(batch, t_q, self.d_model)  # (B, T_q, H * hd)
+        return self.out_proj(out), weights if need_weights else None
 
 
 class FeedForward(nn.Module):
@@ -217,6 +175,8 @@ class FeedForward(nn.Module):
     ``(..., D) -> (..., D)``: ``linear2(dropout(act(linear1(x))))``. Attention mixes
     information *across* positions; this mixes it *within* each position.
     """
+
+    check_inputs = True  # see MultiHeadAttention
 
     def __init__(self, d_model: int, d_ff: int | None = None, *, dropout: float = 0.0,
                  bias: bool = True, activation: str = "gelu") -> None:
@@ -232,34 +192,23 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., D)`` -> ``(..., D)``. Values are not scanned: NaN stays in its position."""
-        check_tensor(x, "x", min_ndim=1)
-        weight = self.linear1.weight
-        if x.shape[-1] != weight.shape[1]:
-            raise ValueError(f"x must have width d_model={weight.shape[1]}, "
-                             f"got shape {tuple(x.shape)}")
-        if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
-            # nn.Linear would fail inside with "mat1 and mat2 must have the same dtype"
-            # (under autocast mixed dtypes are fine: autocast casts them itself).
-            raise TypeError(f"x has dtype {x.dtype} but the layer's weights are "
-                            f"{weight.dtype}; convert one with .to(dtype)")
-        return self._forward(x)
-
-    def _forward(self, x: Tensor) -> Tensor:
+        if self.check_inputs:
+            check_feed_forward_call(self, x)
         return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (..., D)
 
 
-def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
-    """Sinusoidal positional encodings ``(max_len, d_model)`` of Vaswani et al. (Chapter 7).
+def sinusoidal_table(context_length: int, d_model: int) -> Tensor:
+    """Sinusoidal positional encodings ``(context_length, d_model)`` of Vaswani et al. (Chapter 7).
 
     ``PE[p, 2i] = sin(p / 10000^(2i / d_model))`` and ``PE[p, 2i+1] = cos(...)``
     (same frequency for each sin/cos pair).
     """
-    check_positive_int(max_len, "max_len")
+    check_positive_int(context_length, "context_length")
     check_positive_int(d_model, "d_model")
-    position = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)  # (max_len, 1)
+    position = torch.arange(context_length, dtype=torch.float64).unsqueeze(1)  # (T_max, 1)
     even = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(D / 2),)
-    angle = position / (10000.0 ** (even / d_model))  # (max_len, ceil(D / 2))
-    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    angle = position / (10000.0 ** (even / d_model))  # (T_max, ceil(D / 2))
+    table = torch.zeros(context_length, d_model, dtype=torch.float64)
     table[:, 0::2] = torch.sin(angle)
     table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
     return table.float()
@@ -272,34 +221,23 @@ class PositionalEncoding(nn.Module):
     default to ``0 .. T-1`` and may start later for left-padded rows.
     """
 
+    check_inputs = True  # see MultiHeadAttention
     table: Tensor
 
-    def __init__(self, d_model: int, max_len: int = 4096, *, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, context_length: int = 4096, *,
+                 dropout: float = 0.0) -> None:
         super().__init__()
-        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+        self.register_buffer("table", sinusoidal_table(context_length, d_model),
+                             persistent=False)
         self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """``x (B, T, D)`` plus the encoding of each position."""
-        check_tensor(x, "x", ndim=3)
-        max_len, d_model = self.table.shape
-        if x.shape[-1] != d_model:
-            raise ValueError(f"x must have width d_model={d_model}, got shape {tuple(x.shape)}")
+        if self.check_inputs:
+            check_positions_call(self, x, positions)
         if positions is None:
             positions = torch.arange(x.shape[1], device=x.device)  # (T,)
-        elif not isinstance(positions, Tensor) or positions.dtype != torch.long:
-            raise TypeError(f"positions must be a torch.long tensor (B, T), got {positions!r}")
-        elif positions.shape not in (x.shape[:2], x.shape[1:2]):
-            raise ValueError(f"positions must have shape (B, T)={tuple(x.shape[:2])} or (T,), "
-                             f"got {tuple(positions.shape)}")
-        if values_checkable(positions) and positions.numel() and (
-                positions.min() < 0 or positions.max() >= max_len):
-            raise ValueError(f"positions must lie in [0, max_len={max_len}), got "
-                             f"[{int(positions.min())}, {int(positions.max())}]")
-        return self._forward(x, positions)
-
-    def _forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        return self.dropout(x + self.table[positions].to(x.dtype))  # (B, T, D)
+        return self.dropout(x + self.table[positions].to(x.dtype))  # (B, T, D) + ((B,) T, D)
 
 
 class TransformerBlock(nn.Module):
@@ -309,113 +247,80 @@ class TransformerBlock(nn.Module):
     ``x = x + attn(norm1(x))``; ``x = x + ff(norm2(x))``, so the residual path
     carries the un-normalised input. ``norm_first=False`` (post-norm, the 2017
     paper): ``x = norm1(x + attn(x))``; ``x = norm2(x + ff(x))``.
-    With ``cross_attention=True`` (an encoder-decoder's decoder layer) a
+    With ``cross_attention=True`` (an encoder-decoder's decoder layer, Chapter 8) a
     cross-attention sublayer with ``norm3`` sits between the two.
     Dropout is applied to each sublayer's output before the residual addition.
-    ``n_kv_heads`` makes its attention grouped-query (see :class:`MultiHeadAttention`).
+    ``n_kv_heads``, ``impl`` and ``attention_fn`` go to the attention layers
+    (see :class:`MultiHeadAttention`).
     """
+
+    check_inputs = True  # see MultiHeadAttention
 
     def __init__(self, d_model: int, n_heads: int, *, d_ff: int | None = None,
                  dropout: float = 0.0, norm_first: bool = True, cross_attention: bool = False,
                  activation: str = "gelu", bias: bool = True, layer_norm_eps: float = 1e-5,
-                 impl: str = "manual", n_kv_heads: int | None = None) -> None:
+                 impl: str = "manual", n_kv_heads: int | None = None,
+                 attention_fn: AttentionFunction | None = None) -> None:
         super().__init__()
         for name, flag in (("norm_first", norm_first), ("cross_attention", cross_attention),
                            ("bias", bias)):
             check_bool(flag, name)
         check_positive_real(layer_norm_eps, "layer_norm_eps")
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout,
-                                            impl=impl, n_kv_heads=n_kv_heads)
-        self.cross_attn = (MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout,
-                                              impl=impl, n_kv_heads=n_kv_heads)
-                           if cross_attention else None)
+
+        def attention() -> MultiHeadAttention:
+            return MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout, impl=impl,
+                                      n_kv_heads=n_kv_heads, attention_fn=attention_fn)
+
+        def norm() -> nn.LayerNorm:
+            return nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+
+        self.self_attn = attention()
+        self.cross_attn = attention() if cross_attention else None
         self.ff = FeedForward(d_model, d_ff, dropout=dropout, bias=bias, activation=activation)
-        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm3 = (nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-                      if cross_attention else None)
+        self.norm1, self.norm2 = norm(), norm()
+        self.norm3 = norm() if cross_attention else None
         self.dropout = nn.Dropout(dropout)
+        trust_children(self)
 
     def forward(self, x: Tensor, *, attention_mask: Tensor | None = None,
                 mask: Tensor | None = None, is_causal: bool = False,
                 memory: Tensor | None = None, memory_attention_mask: Tensor | None = None,
-                cache: KVCache | None = None) -> Tensor:
+                cache: KVCache | None = None, need_weights: bool = False,
+                rotate: Callable[[Tensor], Tensor] | None = None,
+                bias: Tensor | None = None) -> Tensor:
         """``x (B, T, D)`` -> ``(B, T, D)``; ``memory (B, T_m, D)`` is the encoder output.
 
         ``attention_mask (B, T_cache + T)`` is ``True`` on real tokens and ``mask``
         ``(T, T_k)`` or ``(B, T, T_k)`` is ``True`` where a query may attend, as in
         :class:`MultiHeadAttention`; ``memory_attention_mask (B, T_m)`` is ``True``
-        on real memory positions.
+        on real memory positions. ``need_weights``, ``rotate`` and ``bias`` go to the
+        self-attention (a forward hook on ``self_attn`` sees its weights).
         """
-        self._check_call(x, attention_mask, mask, is_causal, memory, memory_attention_mask, cache)
-        t_k = x.shape[1] + (0 if cache is None else cache.length)
-        self_mask = combine_masks(x.shape[1], t_k, mask=mask, attention_mask=attention_mask,
-                                  device=x.device)
-        memory_mask = None
-        if memory is not None and memory_attention_mask is not None:
-            memory_mask = memory_attention_mask[:, None, None, :].to(x.device)  # (B, 1, 1, T_m)
-        x, _ = self._forward(x, self_mask, is_causal=is_causal, memory=memory,
-                             memory_mask=memory_mask, cache=cache)
-        return x
-
-    def _forward(self, x: Tensor, mask: Tensor | None, *, is_causal: bool = False,
-                 memory: Tensor | None = None, memory_mask: Tensor | None = None,
-                 cache: KVCache | None = None, need_weights: bool = False,
-                 rope: tuple[Tensor, Tensor] | None = None,
-                 bias: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """:meth:`forward` without checks; returns ``(x, self-attention weights or None)``.
-
-        ``mask`` and ``memory_mask`` are prepared (combined, on ``x``'s device);
-        ``rope`` is the self-attention's ``(cos, sin)`` and ``bias`` its additive score
-        bias (ALiBi; see ``MultiHeadAttention._forward``); cross-attention gets neither.
-        """
-        def self_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
-            out, weights = self.self_attn._forward(h, h, h, mask, is_causal=is_causal,
-                                                   need_weights=need_weights, cache=cache,
-                                                   rope=rope, bias=bias)
-            return self.dropout(out), weights
-
-        def cross_attention(h: Tensor) -> Tensor:
-            assert self.cross_attn is not None and memory is not None
-            return self.dropout(self.cross_attn._forward(h, memory, memory, memory_mask)[0])
-
-        if self.norm_first:
-            attended, weights = self_attention(self.norm1(x))
-            x = x + attended
-            if self.norm3 is not None:
-                x = x + cross_attention(self.norm3(x))
-            return x + self.dropout(self.ff._forward(self.norm2(x))), weights
-        attended, weights = self_attention(x)
-        x = self.norm1(x + attended)
-        if self.norm3 is not None:
-            x = self.norm3(x + cross_attention(x))
-        return self.norm2(x + self.dropout(self.ff._forward(x))), weights
-
-    def _check_call(self, x: object, attention_mask: object, mask: object, is_causal: object,
-                    memory: object, memory_attention_mask: object, cache: object) -> None:
-        # Check here, not deep inside: a wrong width would otherwise surface as a
-        # LayerNorm shape error, and memory's errors would be reported as "key".
-        d_model, dtype = self.self_attn.d_model, self.norm1.weight.dtype
-        x = check_sequence(x, "x", width=d_model, dtype=dtype)
-        self.self_attn._check_call(x, None, None, attention_mask, mask, is_causal, False, cache)
-        if (memory is None) != (self.cross_attn is None):
-            raise ValueError("memory must be given exactly when the block was built with "
-                             f"cross_attention=True (this block has cross_attention="
-                             f"{self.cross_attn is not None})")
-        if memory is None and memory_attention_mask is not None:
-            raise ValueError("memory_attention_mask was given without memory")
-        if memory is not None:
-            memory = check_sequence(memory, "memory", width=d_model, batch=x.shape[0])
-            if memory.dtype != x.dtype:
-                raise TypeError(f"memory has dtype {memory.dtype} but x has {x.dtype}")
-            if memory_attention_mask is not None:
-                check_token_mask(memory_attention_mask, "memory_attention_mask",
-                                 memory.shape[:2])
+        if self.check_inputs:
+            attention_mask, mask, memory_attention_mask = check_block_call(
+                self, x, attention_mask, mask, is_causal, memory, memory_attention_mask, cache)
+        self_attention = {"attention_mask": attention_mask, "mask": mask, "is_causal": is_causal,
+                          "cache": cache, "need_weights": need_weights, "rotate": rotate,
+                          "bias": bias}
+        memory_mask = (None if memory_attention_mask is None
+                       else memory_attention_mask[:, None, None, :])  # (B, T_m) -> (B, 1, 1, T_m)
+        if self.norm_first:  # pre-norm: the residual stream itself is never normalised
+            x = x + self.dropout(self.self_attn(self.norm1(x), **self_attention)[0])
+            if self.cross_attn is not None and self.norm3 is not None:
+                h = self.norm3(x)
+                x = x + self.dropout(self.cross_attn(h, memory, memory, mask=memory_mask)[0])
+            return x + self.dropout(self.ff(self.norm2(x)))
+        # post-norm: each sublayer's sum is normalised, and the next sublayer reads it
+        x = self.norm1(x + self.dropout(self.self_attn(x, **self_attention)[0]))
+        if self.cross_attn is not None and self.norm3 is not None:
+            x = self.norm3(x + self.dropout(self.cross_attn(x, memory, memory,
+                                                            mask=memory_mask)[0]))
+        return self.norm2(x + self.dropout(self.ff(x)))
 
 
 class TransformerBlocks(nn.ModuleList):
-    """A stack of :class:`TransformerBlock` s: an ``nn.ModuleList`` that says what it holds.
+    """A stack of :class:`TransformerBlock` s, an ``nn.ModuleList`` that says so (Chapter 7).
 
     Behaves exactly like ``nn.ModuleList`` (same ``state_dict`` keys); iterating it
     yields ``TransformerBlock`` s for the type checker too.

@@ -20,6 +20,7 @@ from .._validation import (
     check_choice,
     check_device,
     check_positive_int,
+    explain_out_of_memory,
     values_checkable,
 )
 
@@ -28,14 +29,17 @@ __all__ = [
     "combine_masks",
     "padding_mask",
     "positions_from_attention_mask",
+    "scores_mask",
     "to_additive_mask",
     "to_torch_mha_mask",
+    "with_causal",
+    "zero_unreachable_keys",
 ]
 
 
 def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str | None = None
                 ) -> Tensor:
-    """Boolean causal mask ``(t_q, t_k)``: query ``i`` may attend key ``j <= t_k - t_q + i``.
+    """Causal mask ``(t_q, t_k)``: query ``i`` may attend key ``j <= t_k - t_q + i`` (Chapter 5).
 
     With ``t_k=None`` the mask is square and lower-triangular. When ``t_q < t_k``
     the queries are the *last* ``t_q`` positions of the sequence (bottom-right
@@ -47,10 +51,32 @@ def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str 
     """
     t_q = check_positive_int(t_q, "t_q")
     t_k = t_q if t_k is None else check_positive_int(t_k, "t_k")
-    device = check_device(device, "device")
-    query_pos = torch.arange(t_q, device=device).unsqueeze(1) + (t_k - t_q)  # (t_q, 1)
-    key_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, t_k)
-    return key_pos <= query_pos  # (t_q, t_k)
+    device = check_device(device, "device", exists=True)
+    with explain_out_of_memory(f"causal_mask(t_q={t_q}, t_k={t_k})", t_q * t_k):
+        return _lower_right(t_q, t_k, device)
+
+
+def _lower_right(t_q: int, t_k: int, device: torch.device | None) -> Tensor:
+    """:func:`causal_mask` without its checks: a building block of the attention paths."""
+    ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)  # (t_q, t_k)
+    return ones.tril(diagonal=t_k - t_q)  # key j <= query i + (t_k - t_q)
+
+
+def with_causal(mask: Tensor | None, t_q: int, t_k: int, device: torch.device) -> Tensor:
+    """``mask`` AND the bottom-right causal mask ``(t_q, t_k)``, made on ``device`` (no checks)."""
+    causal = _lower_right(t_q, t_k, device)  # (t_q, t_k)
+    return causal if mask is None else mask & causal
+
+
+def zero_unreachable_keys(k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Zero the keys and values that no query may attend to (padding); no checks.
+
+    A padded slot may hold anything, NaN or inf included. Its weight is 0, but
+    0 * NaN = NaN, so without this a NaN in a pad's value would reach every real
+    token's output through the weights @ values product (on every path).
+    """
+    reachable = mask.any(dim=-2).unsqueeze(-1)  # (..., T_q, T_k) -> (..., T_k, 1)
+    return k.masked_fill(~reachable, 0.0), v.masked_fill(~reachable, 0.0)
 
 
 def padding_mask(
@@ -70,7 +96,7 @@ def padding_mask(
         device: where the mask is made (default: the device of ``lengths``).
     """
     check_choice(side, "side", ("right", "left"))
-    device = check_device(device, "device")
+    device = check_device(device, "device", exists=True)
     if not isinstance(lengths, Tensor | Sequence) or isinstance(lengths, str | bytes):
         raise TypeError(f"lengths must be a 1-D integer tensor or a sequence of ints (B,), "
                         f"got {type(lengths).__name__} {lengths!r}")
@@ -166,7 +192,7 @@ def combine_masks(
         if value is not None and not isinstance(value, Tensor):
             raise TypeError(f"{name} must be a boolean torch.Tensor or None, got "
                             f"{type(value).__name__}")
-    device = check_device(device, "device")
+    device = check_device(device, "device", exists=True)
     if (mask is not None and attention_mask is not None and mask.dim() == 3
             and attention_mask.dim() == 2
             and 1 not in (mask.shape[0], attention_mask.shape[0])
@@ -177,9 +203,6 @@ def combine_masks(
                          f"B={attention_mask.shape[0]}")
     if device is None:
         device = next((m.device for m in (mask, attention_mask) if m is not None), None)
-    combined: Tensor | None = None
-    if is_causal:
-        combined = causal_mask(t_q, t_k, device=device)  # (T_q, T_k)
     if mask is not None:
         if mask.dim() not in (2, 3):
             raise ValueError(f"mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
@@ -188,10 +211,7 @@ def combine_masks(
         if mask.shape[-2:] != (t_q, t_k):
             raise ValueError(f"mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
                              f"(B, {t_q}, {t_k}), got {tuple(mask.shape)}")
-        if mask.dim() == 3:
-            mask = mask.unsqueeze(1)  # (B, T_q, T_k) -> (B, 1, T_q, T_k)
         mask = mask.to(device)
-        combined = mask if combined is None else combined & mask
     if attention_mask is not None:
         if attention_mask.dim() != 2:
             raise ValueError(f"attention_mask must have shape (B, T_k) with T_k={t_k}, "
@@ -200,9 +220,28 @@ def combine_masks(
         if attention_mask.shape[1] != t_k:
             raise ValueError(f"attention_mask must have shape (B, T_k) with T_k={t_k}, "
                              f"got {tuple(attention_mask.shape)}")
-        kpm = attention_mask[:, None, None, :].to(device)  # (B, T_k) -> (B, 1, 1, T_k)
-        combined = kpm if combined is None else combined & kpm
+        attention_mask = attention_mask.to(device)
+    combined = scores_mask(mask, attention_mask)
+    if is_causal:
+        causal = causal_mask(t_q, t_k, device=device)  # (T_q, T_k)
+        combined = causal if combined is None else causal & combined
     return combined
+
+
+def scores_mask(mask: Tensor | None, attention_mask: Tensor | None) -> Tensor | None:
+    """One boolean mask for the scores ``(B, H, T_q, T_k)`` of every head (Chapter 6); no checks.
+
+    ``mask`` is ``(T_q, T_k)``, ``(B, T_q, T_k)`` (given its head axis here) or already
+    broadcastable to the scores; ``attention_mask (B, T_k)`` is ``True`` on real keys.
+    The building block of :func:`combine_masks`, which checks; an attention layer calls
+    it in every forward, where inside a model it only hands the prepared mask on.
+    """
+    if mask is not None and mask.dim() == 3:
+        mask = mask.unsqueeze(1)  # (B, T_q, T_k) -> (B, 1, T_q, T_k): the same for every head
+    if attention_mask is None:
+        return mask
+    keys = attention_mask[:, None, None, :]  # (B, T_k) -> (B, 1, 1, T_k): no query sees a pad
+    return keys if mask is None else mask & keys
 
 
 def positions_from_attention_mask(attention_mask: Tensor) -> Tensor:

@@ -28,10 +28,11 @@ import math
 import torch
 from torch import Tensor
 
-from .._validation import check_positive_int, check_tensor
+from .._validation import check_attention_args, check_positive_int, check_tensor
 
 __all__ = [
     "SoftmaxState",
+    "attention_tiled",
     "block_grid",
     "merge_softmax_states",
     "online_softmax",
@@ -354,20 +355,26 @@ def tiled_attention(
         up to round-off, zero for a query with no allowed key. Half-precision inputs
         are computed in float32. Differentiable (backward by recomputation).
     """
-    from .attention import _check_bias, _check_options, _check_qkv  # one set of checks
-
-    q, k, v = _check_qkv(q, k, v)
-    mask, scale = _check_options(mask, q, k, is_causal, scale, dropout_p)
-    bias = _check_bias(bias, q, k)
+    q, k, v, mask, scale, bias = check_attention_args(
+        q, k, v, mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p, bias=bias)
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
-    return _tiled(q, k, v, mask, is_causal, scale, dropout_p, block_q, block_k, bias=bias)
+    out, _ = attention_tiled(q, k, v, mask, is_causal=is_causal, scale=scale,
+                             dropout_p=dropout_p, bias=bias, block_q=block_q, block_k=block_k)
+    return out
 
 
-def _tiled(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-           scale: float, dropout_p: float, block_q: int = 32, block_k: int = 32, *,
-           bias: Tensor | None = None) -> Tensor:
-    """:func:`tiled_attention` without its checks (``attention(impl="tiled")`` checked them)."""
+def attention_tiled(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+                    is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
+                    bias: Tensor | None = None, block_q: int = 32, block_k: int = 32,
+                    ) -> tuple[Tensor, None]:
+    """:func:`tiled_attention` without its checks: the ``"tiled"`` path of ``attention()``.
+
+    Same signature as the other paths (``course_attn.core.attention``), so a layer can
+    call it; returns ``(out, None)``: the weights are never formed.
+    """
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     t_q, t_k = q.shape[-2], k.shape[-2]
     q = q.expand(*batch, t_q, q.shape[-1])  # views: autograd sums the broadcast gradients
@@ -384,4 +391,4 @@ def _tiled(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
     out = _TiledAttention.apply(q.to(work), k.to(work), v.to(work), mask, seed, causal_offset,
                                 float(scale), block_q, block_k, float(dropout_p),
                                 None if bias is None else bias.to(work))
-    return out.to(dtype)
+    return out.to(dtype), None

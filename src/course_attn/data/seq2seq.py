@@ -88,7 +88,7 @@ class Seq2SeqBatch(NamedTuple):
 
     def to(self, device: torch.device | str) -> Seq2SeqBatch:
         """The same batch on ``device`` (non-blocking copies from pinned memory on CUDA)."""
-        device = check_device(device, "device", allow_none=False)
+        device = check_device(device, "device", allow_none=False, exists=True)
         return Seq2SeqBatch(*(to_device(t, device) for t in self))
 
 
@@ -160,7 +160,7 @@ class Seq2SeqTask:
         """A batch of ``split`` (``"train"`` or ``"val"``, both random draws) on ``device``."""
         _check_split(split)
         if device is not None:
-            check_device(device, "device")
+            check_device(device, "device", exists=True)
         batch = self.sample(batch_size, generator=generator)
         return batch if device is None else batch.to(device)
 
@@ -277,7 +277,7 @@ def exact_match_accuracy(model: EncoderDecoder, task: Seq2SeqTask, *, n_batches:
     n_batches = check_positive_int(n_batches, "n_batches")
     batch_size = check_positive_int(batch_size, "batch_size")
     seed = check_nonnegative_int(seed, "seed")
-    device = (check_device(device, "device", allow_none=False) if device is not None
+    device = (check_device(device, "device", allow_none=False, exists=True) if device is not None
               else next(model.parameters()).device)
     generator = torch.Generator().manual_seed(seed)
     was_training = model.training

@@ -26,12 +26,12 @@ class _NextTokenTask:
     """Batching shared by the synthetic tasks: a sampled sequence, split into inputs and targets.
 
     A task supplies ``sample(batch_size, generator=...) -> (B, T + 1)``, its
-    ``block_size`` T and ``_block_rule`` (how T follows from its sizes).
+    ``context_length`` T and ``_length_rule`` (how T follows from its sizes).
     """
 
-    _block_rule = ""
+    _length_rule = ""
     @property
-    def block_size(self) -> int:
+    def context_length(self) -> int:
         """T, the length of the inputs (each task derives it from its sizes)."""
         raise NotImplementedError
 
@@ -42,7 +42,7 @@ class _NextTokenTask:
         self,
         split: str,
         batch_size: int,
-        block_size: int | None = None,
+        context_length: int | None = None,
         *,
         generator: torch.Generator | None = None,
         device: torch.device | str | None = None,
@@ -53,13 +53,14 @@ class _NextTokenTask:
         random draws (a synthetic task has no fixed data to overfit).
         """
         _check_split(split)
-        if block_size is not None:
-            check_positive_int(block_size, "block_size")
+        if context_length is not None:
+            check_positive_int(context_length, "context_length")
         if device is not None:
-            check_device(device, "device")
-        if block_size is not None and block_size != self.block_size:
-            raise ValueError(f"block_size must be {self.block_size} (= {self._block_rule}) for "
-                             f"the {type(self).__name__}, got {block_size}")
+            check_device(device, "device", exists=True)
+        if context_length is not None and context_length != self.context_length:
+            raise ValueError(f"context_length must be {self.context_length} (= "
+                             f"{self._length_rule}) for the {type(self).__name__}, got "
+                             f"{context_length}")
         seq = self.sample(batch_size, generator=generator)  # (B, T + 1)
         if device is not None:
             seq = to_device(seq, device)  # one non-blocking copy (pinned memory on CUDA)
@@ -72,7 +73,7 @@ class CopyTask(_NextTokenTask):
 
     Each sequence has ``2 * half_length`` tokens drawn uniformly from
     ``vocab_size`` symbols for the first half; the model reads the first
-    ``2n - 1`` and predicts the next token at every position (``block_size =
+    ``2n - 1`` and predicts the next token at every position (``context_length =
     2n - 1`` predictions). The first half is pure noise: nothing predicts
     ``a_2 .. a_n``, so the best loss there is ``ln V`` each. Every token of the
     second half is a copy of a token ``n`` positions back; a model that finds
@@ -83,7 +84,7 @@ class CopyTask(_NextTokenTask):
 
     vocab_size: int = 16
     half_length: int = 16
-    _block_rule = "2 * half_length - 1"
+    _length_rule = "2 * half_length - 1"
 
     def __post_init__(self) -> None:
         check_positive_int(self.vocab_size, "vocab_size")
@@ -94,7 +95,7 @@ class CopyTask(_NextTokenTask):
             raise ValueError(f"half_length must be at least 2, got {self.half_length}")
 
     @property
-    def block_size(self) -> int:
+    def context_length(self) -> int:
         """Length ``T = 2n - 1`` of the model's input (and of the targets)."""
         return 2 * self.half_length - 1
 
@@ -114,7 +115,7 @@ class CopyTask(_NextTokenTask):
 
     def position_floor(self) -> Tensor:
         """Best loss at each predicted position ``(T,)``: ``ln V`` in the first half, else 0."""
-        floor = torch.zeros(self.block_size, dtype=torch.float64)
+        floor = torch.zeros(self.context_length, dtype=torch.float64)
         floor[: self.half_length - 1] = math.log(self.vocab_size)
         return floor
 
@@ -159,7 +160,7 @@ class RecallTask(_NextTokenTask):
     n_values: int = 8
     n_pairs: int = 12
     max_step: int = 4
-    _block_rule = "2 * n_pairs - 1"
+    _length_rule = "2 * n_pairs - 1"
 
     def __post_init__(self) -> None:
         for name in ("n_keys", "n_values", "n_pairs", "max_step"):
@@ -179,19 +180,19 @@ class RecallTask(_NextTokenTask):
         return self.n_keys + self.n_values
 
     @property
-    def block_size(self) -> int:
+    def context_length(self) -> int:
         """Length ``T = 2P - 1`` of the model's input (and of the targets)."""
         return 2 * self.n_pairs - 1
 
     @property
     def key_positions(self) -> Tensor:
         """Input positions that hold a key (and predict its value): ``0, 2, .., 2P - 2``."""
-        return torch.arange(0, self.block_size, 2)
+        return torch.arange(0, self.context_length, 2)
 
     @property
     def value_positions(self) -> Tensor:
         """Input positions that hold a value (and predict the next key): ``1, 3, .., 2P - 3``."""
-        return torch.arange(1, self.block_size, 2)
+        return torch.arange(1, self.context_length, 2)
 
     def new_key_probability(self) -> Tensor:
         """``(P,)``: the probability that key ``i`` has not appeared before it (exact).
@@ -226,7 +227,7 @@ class RecallTask(_NextTokenTask):
 
     def position_floor(self) -> Tensor:
         """Best expected loss at each predicted position ``(T,)`` (nats)."""
-        floor = torch.full((self.block_size,), math.log(self.max_step), dtype=torch.float64)
+        floor = torch.full((self.context_length,), math.log(self.max_step), dtype=torch.float64)
         floor[self.key_positions] = self.new_key_probability() * math.log(self.n_values)
         return floor
 

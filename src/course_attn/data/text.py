@@ -226,7 +226,7 @@ def train_val_split(data: Tensor, train_fraction: float = 0.9) -> tuple[Tensor, 
 def get_batch(
     data: Tensor,
     batch_size: int,
-    block_size: int,
+    context_length: int,
     *,
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
@@ -242,18 +242,18 @@ def get_batch(
     """
     _check_token_ids(data, "data")
     check_positive_int(batch_size, "batch_size")
-    check_positive_int(block_size, "block_size")
+    check_positive_int(context_length, "context_length")
     _check_generator(generator)
     if device is not None:
-        check_device(device, "device")
-    if len(data) < block_size + 1:
+        check_device(device, "device", exists=True)
+    if len(data) < context_length + 1:
         raise ValueError(
-            f"data has {len(data)} tokens, fewer than block_size + 1 = {block_size + 1}: "
-            "use a longer text or a smaller block_size"
+            f"data has {len(data)} tokens, fewer than context_length + 1 = {context_length + 1}: "
+            "use a longer text or a smaller context_length"
         )
-    starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)  # (B,)
+    starts = torch.randint(len(data) - context_length, (batch_size,), generator=generator)  # (B,)
     starts = to_device(starts, data.device)  # (B,) index tensor, copied without blocking
-    offsets = torch.arange(block_size, device=data.device)  # (T,)
+    offsets = torch.arange(context_length, device=data.device)  # (T,)
     index = starts[:, None] + offsets[None, :]  # (B, 1) + (1, T) -> (B, T)
     x, y = data[index], data[index + 1]  # (B, T), (B, T)
     if device is not None:
@@ -272,7 +272,7 @@ def to_device(tensor: Tensor, device: torch.device | str) -> Tensor:
     """
     if not isinstance(tensor, Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
-    device = check_device(device, "device", allow_none=False)
+    device = check_device(device, "device", allow_none=False, exists=True)
     if device.type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
@@ -312,7 +312,7 @@ class CharCorpus:
         self,
         split: str,
         batch_size: int,
-        block_size: int,
+        context_length: int,
         *,
         generator: torch.Generator | None = None,
         device: torch.device | str | None = None,
@@ -320,14 +320,14 @@ class CharCorpus:
         """A random batch ``(x, y)``, both ``(B, T)``, from the ``"train"`` or ``"val"`` split."""
         _check_split(split)
         if device is not None:
-            check_device(device, "device")
+            check_device(device, "device", exists=True)
         data = self.train_data if split == "train" else self.val_data
         if device is not None and torch.device(device) != data.device:
             key = (split, str(torch.device(device)))
             if key not in self._on_device:
                 self._on_device[key] = data.to(device)
             data = self._on_device[key]
-        return get_batch(data, batch_size, block_size, generator=generator)
+        return get_batch(data, batch_size, context_length, generator=generator)
 
 
 def _sha256(path: Path) -> str:

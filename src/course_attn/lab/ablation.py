@@ -65,7 +65,7 @@ def task_parts(task: CopyTask | RecallTask) -> dict[str, Tensor]:
     if isinstance(task, CopyTask):
         n = task.half_length
         return {"noise half": torch.arange(n - 1),
-                "copied half": torch.arange(n - 1, task.block_size)}
+                "copied half": torch.arange(n - 1, task.context_length)}
     return {"keys: value": task.key_positions, "values: next key": task.value_positions}
 
 
@@ -83,9 +83,9 @@ def position_losses(model: MiniGPT, task: CopyTask | RecallTask, *, n_sequences:
     task = _check_task(task)
     check_positive_int(n_sequences, "n_sequences")
     check_nonnegative_int(seed, "seed")
-    if model.config.block_size < task.block_size:
-        raise ValueError(f"model has block_size={model.config.block_size}, fewer than the "
-                         f"task's {task.block_size} positions")
+    if model.config.context_length < task.context_length:
+        raise ValueError(f"model has context_length={model.config.context_length}, fewer than the "
+                         f"task's {task.context_length} positions")
     x, y = task.get_batch("val", n_sequences, generator=torch.Generator().manual_seed(seed))
     was_training = model.training
     model.eval()
@@ -107,8 +107,8 @@ def part_means(per_position: Tensor, task: CopyTask | RecallTask) -> dict[str, f
     task = _check_task(task)
     if not isinstance(per_position, Tensor):
         raise TypeError(f"per_position must be a tensor (T,), got {type(per_position).__name__}")
-    if per_position.shape != (task.block_size,):
-        raise ValueError(f"per_position must have shape ({task.block_size},), one loss per "
+    if per_position.shape != (task.context_length,):
+        raise ValueError(f"per_position must have shape ({task.context_length},), one loss per "
                          f"predicted position of the task, got {tuple(per_position.shape)}")
     values = per_position.double()
     means = {"all": values.mean().item()}

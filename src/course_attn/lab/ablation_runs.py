@@ -17,7 +17,7 @@ LONG_RUNS: dict[str, dict[str, Any]] = {
         },
         'model': {
             'vocab_size': 16,
-            'block_size': 23,
+            'context_length': 23,
             'n_layers': 2,
             'n_heads': 2,
             'd_model': 64,
@@ -65,7 +65,7 @@ LONG_RUNS: dict[str, dict[str, Any]] = {
         },
         'model': {
             'vocab_size': 16,
-            'block_size': 23,
+            'context_length': 23,
             'n_layers': 2,
             'n_heads': 2,
             'd_model': 64,
@@ -113,7 +113,7 @@ LONG_RUNS: dict[str, dict[str, Any]] = {
         },
         'model': {
             'vocab_size': 16,
-            'block_size': 23,
+            'context_length': 23,
             'n_layers': 1,
             'n_heads': 2,
             'd_model': 64,

@@ -85,9 +85,9 @@ def decode_step_seconds(model: EncoderDecoder, prefix_len: int, *, use_cache: bo
         check_positive_int(value, name)
     check_nonnegative_int(seed, "seed", upper=2**64 - 1)
     c = model.config
-    if prefix_len + 1 > c.max_len or src_len > c.max_len:
+    if prefix_len + 1 > c.context_length or src_len > c.context_length:
         raise ValueError(f"prefix_len + 1={prefix_len + 1} and src_len={src_len} must not "
-                         f"exceed max_len={c.max_len}")
+                         f"exceed context_length={c.context_length}")
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(c.src_vocab_size, (batch_size, src_len), generator=g).to(device)

@@ -14,8 +14,14 @@ import math
 import torch
 from torch import Tensor
 
-from .._validation import check_device, check_positive_int, check_tensor
-from ..core.attention import _check_options, _check_qkv, _with_causal, _zero_unreachable_keys
+from .._validation import (
+    check_attention_args,
+    check_device,
+    check_positive_int,
+    check_qkv,
+    check_tensor,
+)
+from ..core.attention import attention_manual
 
 __all__ = ["alibi_attention", "alibi_bias", "alibi_slopes"]
 
@@ -45,7 +51,7 @@ def alibi_slopes(n_heads: int, *, device: torch.device | str | None = None,
     reference implementation (see the comment in the code).
     """
     n_heads = check_positive_int(n_heads, "n_heads")
-    device = check_device(device, "device")
+    device = check_device(device, "device", exists=True)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     return torch.tensor(_slopes(n_heads), dtype=dtype, device=device)  # (n_heads,)
@@ -68,7 +74,7 @@ def alibi_bias(t_q: int, t_k: int, slopes: Tensor) -> Tensor:
 
 
 def _alibi_bias(t_q: int, t_k: int, slopes: Tensor) -> Tensor:
-    """:func:`alibi_bias` without its checks (``MiniGPT`` calls it once per forward)."""
+    """:func:`alibi_bias` without its checks."""
     query_pos = torch.arange(t_q, device=slopes.device).unsqueeze(1) + (t_k - t_q)  # (t_q, 1)
     key_pos = torch.arange(t_k, device=slopes.device).unsqueeze(0)  # (1, t_k)
     distance = (query_pos - key_pos).to(slopes.dtype)  # (t_q, t_k)
@@ -85,7 +91,9 @@ def alibi_attention(
     is_causal: bool = False,
     scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Scaled dot-product attention with the ALiBi bias added to the scores.
+    """Scaled dot-product attention with the ALiBi bias added to the scores (Chapter 10).
+
+    Nothing but chapter 4's manual path given ``bias=alibi_bias(T_q, T_k, slopes)``.
 
     Args:
         q: ``(..., H, T_q, d_k)``; k: ``(..., H, T_k, d_k)``; v: ``(..., H, T_k, d_v)``.
@@ -99,7 +107,7 @@ def alibi_attention(
         conventions as ``attention``: a query with no allowed key gets zero
         weights and a zero output; softmax in float32 for half precision.
     """
-    q, k, v = _check_qkv(q, k, v)
+    q, k, v = check_qkv(q, k, v)
     if q.dim() < 3:
         raise ValueError(f"q must be (..., H, T_q, d_k) with a head axis for the slopes, got "
                          f"shape {tuple(q.shape)}")
@@ -107,22 +115,7 @@ def alibi_attention(
     if slopes.shape[0] != q.shape[-3]:
         raise ValueError(f"slopes must have one slope per head, (H,)=({q.shape[-3]},), got "
                          f"shape {tuple(slopes.shape)}")
-    mask, scale = _check_options(mask, q, k, is_causal, scale, 0.0)
-    if is_causal:
-        mask = _with_causal(mask, q, k)  # (..., T_q, T_k)
-    if mask is not None:
-        k, v = _zero_unreachable_keys(k, v, mask)
-    bias = alibi_bias(q.shape[-2], k.shape[-2], slopes.to(q.device, q.dtype))  # (H, T_q, T_k)
-    # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k), plus the bias of each head
-    attn_scores = (q @ k.transpose(-2, -1)) * scale + bias
-    if mask is not None:
-        attn_scores = attn_scores.masked_fill(~mask, float("-inf"))
-        # A query with no allowed key: finite scores here, zero weights below (no NaN).
-        has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-        attn_scores = attn_scores.masked_fill(~has_key, 0.0)
-    softmax_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    attn_weights = torch.softmax(attn_scores, dim=-1, dtype=softmax_dtype).to(q.dtype)
-    if mask is not None:
-        attn_weights = attn_weights.masked_fill(~mask, 0.0)
-    out = attn_weights @ v  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
-    return out, attn_weights
+    slopes = slopes.to(q.device, q.dtype)
+    q, k, v, mask, scale, _ = check_attention_args(q, k, v, mask, is_causal=is_causal, scale=scale)
+    bias = alibi_bias(q.shape[-2], k.shape[-2], slopes)  # (H, T_q, T_k)
+    return attention_manual(q, k, v, mask, is_causal=is_causal, scale=scale, bias=bias)

@@ -12,20 +12,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .._validation import check_choice, check_positive_int, check_tensor
+from .._validation import check_choice, check_kv_heads, check_positive_int, check_tensor
 from ..core.attention import ATTENTION_IMPLS, attention
 
 __all__ = ["check_kv_heads", "grouped_query_attention", "repeat_kv"]
-
-
-def check_kv_heads(n_heads: object, n_kv_heads: object) -> tuple[int, int]:
-    """Check that ``n_kv_heads`` divides ``n_heads``; return both."""
-    n_heads = check_positive_int(n_heads, "n_heads")
-    n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads} (each key/value "
-                         f"head serves a whole group of query heads)")
-    return n_heads, n_kv_heads
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
@@ -36,11 +26,7 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     ``torch.repeat_interleave(x, n_rep, dim=1)`` and of SDPA's ``enable_gqa``.
     """
     check_tensor(x, "x", ndim=4)
-    return _repeat_kv(x, check_positive_int(n_rep, "n_rep"))
-
-
-def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
-    """:func:`repeat_kv` without its checks, for layers that checked at their boundary."""
+    n_rep = check_positive_int(n_rep, "n_rep")
     if n_rep == 1:
         return x
     batch, n_kv_heads, time, head_dim = x.shape

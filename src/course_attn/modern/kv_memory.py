@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import check_choice, check_nonnegative_int, check_positive_int
-from .gqa import check_kv_heads
+from .._validation import check_choice, check_kv_heads, check_nonnegative_int, check_positive_int
 
 __all__ = ["KV_CACHE_KINDS", "kv_cache_bytes"]
 
@@ -37,7 +36,7 @@ def kv_cache_bytes(
     kind: str,
     *,
     n_layers: int,
-    seq_len: int,
+    context_length: int,
     n_heads: int,
     head_dim: int,
     n_kv_heads: int | None = None,
@@ -47,21 +46,21 @@ def kv_cache_bytes(
     batch_size: int = 1,
     dtype: torch.dtype = torch.float32,
 ) -> int:
-    """Bytes of the cache that decoding ``seq_len`` tokens of ``batch_size`` sequences keeps.
+    """Bytes of the cache that decoding ``context_length`` tokens of ``batch_size`` sequences keeps.
 
     Args:
         kind: one of ``KV_CACHE_KINDS`` (see the module's table).
-        n_layers, seq_len, n_heads, head_dim, batch_size: the model and the run.
+        n_layers, context_length, n_heads, head_dim, batch_size: the model and the run.
         n_kv_heads: required for ``"gqa"`` (must divide ``n_heads``), refused otherwise.
         d_latent: required for ``"mla"``, refused otherwise; ``d_rope`` is MLA's
             decoupled RoPE key width (0 without it).
-        window: a sliding window: only ``min(seq_len, window)`` tokens are cached
-            (not for ``"linear"``, whose state does not grow with ``seq_len``).
+        window: a sliding window: only ``min(context_length, window)`` tokens are cached
+            (not for ``"linear"``, whose state does not grow with ``context_length``).
         dtype: the cache's dtype (4 bytes for float32, 2 for bfloat16).
     """
     check_choice(kind, "kind", KV_CACHE_KINDS)
     n_layers = check_positive_int(n_layers, "n_layers")
-    seq_len = check_nonnegative_int(seq_len, "seq_len")
+    context_length = check_nonnegative_int(context_length, "context_length")
     n_heads = check_positive_int(n_heads, "n_heads")
     head_dim = check_positive_int(head_dim, "head_dim")
     batch_size = check_positive_int(batch_size, "batch_size")
@@ -86,7 +85,7 @@ def kv_cache_bytes(
         # S = sum phi(k) v^T (head_dim x head_dim) and z = sum phi(k) (head_dim), per head
         state = n_heads * (head_dim * head_dim + head_dim)
         return batch_size * n_layers * state * dtype.itemsize
-    tokens = seq_len if window is None else min(seq_len, window)
+    tokens = context_length if window is None else min(context_length, window)
     if kind == "mha":
         per_token = 2 * n_heads * head_dim
     elif kind == "gqa":

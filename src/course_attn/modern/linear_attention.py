@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._validation import check_bool_mask, check_positive_real, check_tensor
-from ..core.attention import _check_qkv, _with_causal, _zero_unreachable_keys
+from .._validation import check_bool_mask, check_positive_real, check_qkv, check_tensor
+from ..core.masks import with_causal, zero_unreachable_keys
 
 __all__ = [
     "LinearAttentionState",
@@ -80,7 +80,7 @@ def linear_attention(
         and a zero output. Costs ``T_q x T_k`` like softmax attention: it is the
         training form; :func:`linear_attention_recurrent` is the decoding form.
     """
-    q, k, v = _check_qkv(q, k, v)
+    q, k, v = check_qkv(q, k, v)
     feature_map = _check_feature_map(feature_map)
     eps = check_positive_real(eps, "eps")
     if not isinstance(is_causal, bool):
@@ -90,9 +90,9 @@ def linear_attention(
         check_bool_mask(mask, "mask", (*batch, q.shape[-2], k.shape[-2]))
         mask = mask.to(q.device)
     if is_causal:
-        mask = _with_causal(mask, q, k)  # (..., T_q, T_k)
+        mask = with_causal(mask, q.shape[-2], k.shape[-2], q.device)  # (..., T_q, T_k)
     if mask is not None:
-        k, v = _zero_unreachable_keys(k, v, mask)  # NaN in a pad must not reach 0 * NaN
+        k, v = zero_unreachable_keys(k, v, mask)  # NaN in a pad must not reach 0 * NaN
     # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k): non-negative similarities
     attn_scores = feature_map(q) @ feature_map(k).transpose(-2, -1)
     if mask is not None:
@@ -151,7 +151,7 @@ def linear_attention_recurrent(
     check_tensor(q, "q", ndim=4)
     check_tensor(k, "k", ndim=4)
     check_tensor(v, "v", ndim=4)
-    q, k, v = _check_qkv(q, k, v)
+    q, k, v = check_qkv(q, k, v)
     if not q.shape[:3] == k.shape[:3] == v.shape[:3]:
         raise ValueError(f"q, k and v must share (B, H, T) (one key and value per query), got "
                          f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)}")

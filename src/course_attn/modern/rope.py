@@ -40,15 +40,6 @@ def _check_positions(positions: object, name: str = "positions") -> Tensor:
     return positions
 
 
-def _angle_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; everything else computes its angles in float32.
-
-    Half precision cannot even represent position 2049 exactly, and its angle
-    would be off by whole radians at long contexts.
-    """
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def sinusoid_angles(positions: Tensor, dim: int, *, base: float = ROPE_BASE,
                     dtype: torch.dtype = torch.float64) -> Tensor:
     """The angles of Chapter 7's sinusoidal table: ``positions[..., None] / base^(2i / dim)``.
@@ -70,6 +61,10 @@ def sinusoid_angles(positions: Tensor, dim: int, *, base: float = ROPE_BASE,
     base = check_positive_real(base, "base")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    return _angles(positions, dim, base, dtype)
+
+
+def _angles(positions: Tensor, dim: int, base: float, dtype: torch.dtype) -> Tensor:
     even = torch.arange(0, dim, 2, dtype=dtype, device=positions.device)  # (ceil(dim / 2),)
     # The same expression as layers.sinusoidal_table, so the two agree to the last bit.
     return positions.to(dtype).unsqueeze(-1) / (base ** (even / dim))  # (..., ceil(dim / 2))
@@ -77,59 +72,31 @@ def sinusoid_angles(positions: Tensor, dim: int, *, base: float = ROPE_BASE,
 
 def rope_cos_sin(positions: Tensor, head_dim: int, *, base: float = ROPE_BASE,
                  dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-    """``cos`` and ``sin`` of the rotation angles, each ``(..., head_dim / 2)``.
+    """``cos`` and ``sin`` of the rotation angles, each ``(..., head_dim / 2)`` (Chapter 10).
 
-    Compute them once per model forward and hand them to :func:`apply_rotary`
-    in every layer (or let :func:`apply_rope` do both). ``head_dim`` must be
-    even: RoPE rotates features in pairs.
+    A building block without checks: a model computes them once per forward and
+    hands them to :func:`apply_rotary` in every layer; :func:`apply_rope` is the
+    checked way to rotate, which does both. ``head_dim`` is even (features turn in
+    pairs); ``dtype`` is that of the angles (float32 at least: half precision cannot
+    even hold position 2049 exactly).
     """
-    head_dim = check_positive_int(head_dim, "head_dim")
-    if head_dim % 2:
-        raise ValueError(f"head_dim must be even for RoPE (features are rotated in pairs), "
-                         f"got {head_dim}")
-    angles = sinusoid_angles(positions, head_dim, base=base, dtype=dtype)  # (..., head_dim / 2)
+    angles = _angles(positions, head_dim, base, dtype)  # (..., head_dim / 2)
     return torch.cos(angles), torch.sin(angles)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate each feature pair ``(x[2i], x[2i+1])`` of ``x`` by the angle given as cos/sin.
+    """Turn each feature pair ``(x[2i], x[2i+1])`` of ``x`` by its angle's cos/sin (Chapter 10).
 
-    Args:
-        x: ``(..., T, head_dim)`` queries or keys, ``head_dim`` even.
-        cos, sin: ``(..., T, head_dim / 2)`` from :func:`rope_cos_sin`,
-            broadcastable to ``x``'s leading dimensions.
-
-    Returns:
-        ``(..., T, head_dim)`` in ``x``'s dtype (half precision is rotated in float32).
+    A building block without checks (see :func:`rope_cos_sin`). ``x (..., T, head_dim)``
+    are queries or keys; ``cos, sin (..., T, head_dim / 2)`` broadcast to its leading
+    dimensions. Returns ``(..., T, head_dim)`` in ``x``'s dtype and on its device
+    (half precision is rotated in ``cos``'s dtype, float32 or float64).
     """
-    check_tensor(x, "x", min_ndim=2)
-    check_tensor(cos, "cos", min_ndim=2)
-    check_tensor(sin, "sin", min_ndim=2)
-    if x.shape[-1] % 2:
-        raise ValueError(f"x must have an even head_dim for RoPE (features are rotated in "
-                         f"pairs), got shape {tuple(x.shape)}")
-    if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and "
-                         f"{tuple(sin.shape)}")
-    try:
-        torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1])
-        ok = cos.shape[-1] == x.shape[-1] // 2
-    except RuntimeError:
-        ok = False
-    if not ok:
-        raise ValueError(f"cos of shape {tuple(cos.shape)} does not fit x of shape "
-                         f"{tuple(x.shape)}: expected (..., T={x.shape[-2]}, "
-                         f"head_dim / 2={x.shape[-1] // 2}) broadcastable to x")
-    return _rotate(x, cos, sin)
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """:func:`apply_rotary` without its checks, for models that checked at their boundary."""
-    work = _angle_dtype(x.dtype)
+    work = cos.dtype
     pairs = x.to(work).unflatten(-1, (-1, 2))  # (..., T, head_dim) -> (..., T, head_dim / 2, 2)
     first, second = pairs[..., 0], pairs[..., 1]  # each (..., T, head_dim / 2)
     # A table made on the CPU follows x to its device (a no-op when it is already there).
-    cos, sin = cos.to(x.device, work), sin.to(x.device, work)
+    cos, sin = cos.to(x.device), sin.to(x.device)
     # (a + ib) * (cos + i sin) = (a cos - b sin) + i (a sin + b cos)
     rotated = torch.stack((first * cos - second * sin, first * sin + second * cos), dim=-1)
     return rotated.flatten(-2).to(x.dtype)  # (..., T, head_dim / 2, 2) -> (..., T, head_dim)
@@ -171,7 +138,8 @@ def apply_rope(x: Tensor, positions: Tensor, *, base: float = ROPE_BASE) -> Tens
     if not fits:
         raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast to x's "
                          f"positions {tuple(leading)} (x has shape {tuple(x.shape)})")
+    base = check_positive_real(base, "base")
     positions = positions.to(x.device)  # positions built on the CPU follow x (no-op if there)
-    cos, sin = rope_cos_sin(positions, x.shape[-1], base=base,
-                            dtype=_angle_dtype(x.dtype))  # each (..., T, head_dim / 2)
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # angle precision
+    cos, sin = rope_cos_sin(positions, x.shape[-1], base=base, dtype=dtype)  # (..., T, hd / 2)
     return apply_rotary(x, cos, sin)

@@ -34,7 +34,7 @@ def sliding_window_mask(t_q: int, t_k: int | None = None, *, window: int,
     t_q = check_positive_int(t_q, "t_q")
     t_k = t_q if t_k is None else check_positive_int(t_k, "t_k")
     window = check_positive_int(window, "window")
-    device = check_device(device, "device")
+    device = check_device(device, "device", exists=True)
     query_pos = torch.arange(t_q, device=device).unsqueeze(1) + (t_k - t_q)  # (t_q, 1)
     key_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, t_k)
     return (key_pos <= query_pos) & (key_pos > query_pos - window)  # (t_q, t_k)

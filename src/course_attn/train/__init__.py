@@ -16,7 +16,7 @@ from .loop import (
     learning_rate,
     train,
 )
-from .outputs import METRICS_FORMAT
+from .outputs import METRICS_FORMAT as METRICS_FORMAT  # importable, not in __all__
 from .presets import PRESETS, check_preset_device
 from .resume import RESUME_MAY_CHANGE
 

@@ -48,7 +48,7 @@ HISTORY = ("train_losses", "eval_iters", "eval_train_losses", "eval_val_losses")
 #: encoder-decoder's). ``"model_config"`` maps keys of the config; ``"model"`` maps the
 #: first part of the weights' names. The format string stayed: nothing else changed.
 OLD_NAMES: dict[str, dict[str, str]] = {
-    "model_config": {"n_layer": "n_layers", "n_head": "n_heads"},
+    "model_config": {"n_layer": "n_layers", "n_head": "n_heads", "block_size": "context_length"},
     "model": {"tok_emb.": "embed.", "pos_emb.": "pos.", "ln_f.": "norm."},
 }
 

@@ -42,7 +42,7 @@ OVERRIDES: dict[str, str | None] = {
     "n_layers": None,
     "n_heads": None,
     "d_model": None,
-    "block_size": "context length (with --task: set by the task)",
+    "context_length": "context length (with --task: set by the task)",
     "batch_size": None,
     "max_iters": None,
     "lr": "peak learning rate",
@@ -206,20 +206,20 @@ def _load_data(parser: argparse.ArgumentParser, args: argparse.Namespace,
     """The task or text to train on, the model config that fits it, and the run's meta."""
     if args.task is not None:
         task = make_task(args.task)
-        if args.block_size is not None and args.block_size != task.block_size:
-            parser.error(f"--block-size {args.block_size}: the {args.task} task fixes it "
-                         f"to {task.block_size}")
+        if args.context_length is not None and args.context_length != task.context_length:
+            parser.error(f"--context-length {args.context_length}: the {args.task} task fixes it "
+                         f"to {task.context_length}")
         meta = {"task": args.task, "loss_floor": task.loss_floor()}
         return task, dataclasses.replace(model_config, vocab_size=task.vocab_size,
-                                         block_size=task.block_size), meta
+                                         context_length=task.context_length), meta
     try:
         text = load_text(args.data) if args.data is not None else default_corpus()
         corpus = CharCorpus.from_text(text)
     except (FileNotFoundError, ValueError) as error:
         parser.error(f"--data {args.data!r}: {error}")
-    if len(corpus.val_data) <= model_config.block_size:
-        parser.error(f"--data {args.data!r}: the text is too short for --block-size "
-                     f"{model_config.block_size} (its validation tenth has "
+    if len(corpus.val_data) <= model_config.context_length:
+        parser.error(f"--data {args.data!r}: the text is too short for --context-length "
+                     f"{model_config.context_length} (its validation tenth has "
                      f"{len(corpus.val_data)} characters)")
     meta = {"tokenizer_chars": corpus.tokenizer.chars,
             "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
@@ -299,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = MiniGPT(model_config)
     print(f"MiniGPT: {model.num_parameters():,} parameters, "
           f"{model_config.n_layers} layers x {model_config.n_heads} heads, width "
-          f"{model_config.d_model}, context {model_config.block_size}, vocabulary "
+          f"{model_config.d_model}, context {model_config.context_length}, vocabulary "
           f"{model_config.vocab_size}; device {device}")
     result = _train(parser, args, model, data, config, resume, meta)
     # Everything that took time is on disk before anything else can fail: the final

@@ -85,7 +85,7 @@ MAX_SEED = 2**63 - 1
 class BatchSource(Protocol):
     """Anything that hands out ``(x, y)`` batches: a :class:`CharCorpus` or a task."""
 
-    def get_batch(self, split: str, batch_size: int, block_size: int, *,
+    def get_batch(self, split: str, batch_size: int, context_length: int, *,
                   generator: torch.Generator | None = None,
                   device: torch.device | str | None = None) -> tuple[Tensor, Tensor]: ...
 
@@ -114,17 +114,17 @@ def _objective(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
         return _Objective(seq2seq_batch, seq2seq_loss,
                           batch_size * (task.src_len + task.tgt_len))
     assert not isinstance(data, Seq2SeqTask)
-    source, block_size = data, model.config.block_size
+    source, context_length = data, model.config.context_length
 
     def next_token_batch(split: str, generator: torch.Generator, device: torch.device) -> Any:
-        return source.get_batch(split, batch_size, block_size, generator=generator,
+        return source.get_batch(split, batch_size, context_length, generator=generator,
                                 device=device)  # (x, y), (B, T) each
 
     def gpt_loss(step_model: Callable[..., Any], batch: Any) -> Tensor:
         _, loss = step_model(*batch)
         return loss
 
-    return _Objective(next_token_batch, gpt_loss, batch_size * block_size)
+    return _Objective(next_token_batch, gpt_loss, batch_size * context_length)
 
 
 def _check_model_and_data(model: object, data: object) -> None:
@@ -138,9 +138,9 @@ def _check_model_and_data(model: object, data: object) -> None:
             raise ValueError(f"data has vocab_size {data.vocab_size}, more than the model's "
                              f"src_vocab_size={c.src_vocab_size} or "
                              f"tgt_vocab_size={c.tgt_vocab_size}")
-        if data.tgt_len > c.max_len:
-            raise ValueError(f"data needs {data.tgt_len} target positions (max_len + 1), more "
-                             f"than the model's max_len={c.max_len}")
+        if data.tgt_len > c.context_length:
+            raise ValueError(f"data needs {data.tgt_len} target positions (tgt_len), more "
+                             f"than the model's context_length={c.context_length}")
         return
     if not isinstance(model, MiniGPT):
         raise TypeError(f"model must be a MiniGPT or an EncoderDecoder, got "
@@ -149,7 +149,7 @@ def _check_model_and_data(model: object, data: object) -> None:
         raise TypeError(f"data: a {type(data).__name__} trains an EncoderDecoder, not a "
                         f"MiniGPT; give a CharCorpus or a next-token task")
     if not hasattr(data, "get_batch"):
-        raise TypeError(f"data must provide get_batch(split, batch_size, block_size, ...) "
+        raise TypeError(f"data must provide get_batch(split, batch_size, context_length, ...) "
                         f"(a CharCorpus or a task), got {type(data).__name__}")
 
 

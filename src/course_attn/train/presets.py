@@ -20,9 +20,9 @@ __all__ = ["PRESETS", "check_preset_device"]
 
 #: Model and training sizes of the two presets.
 PRESETS: dict[str, dict[str, Any]] = {
-    "cpu": dict(n_layers=4, n_heads=4, d_model=128, block_size=64, batch_size=12, dropout=0.0,
+    "cpu": dict(n_layers=4, n_heads=4, d_model=128, context_length=64, batch_size=12, dropout=0.0,
                 lr=1e-3, max_iters=2000, eval_interval=250, eval_iters=20, warmup_iters=100),
-    "gpu": dict(n_layers=6, n_heads=6, d_model=384, block_size=256, batch_size=64, dropout=0.2,
+    "gpu": dict(n_layers=6, n_heads=6, d_model=384, context_length=256, batch_size=64, dropout=0.2,
                 lr=1e-3, max_iters=5000, eval_interval=250, eval_iters=200, warmup_iters=100),
 }
 
@@ -49,10 +49,10 @@ def check_preset_device(preset: str, device: torch.device | str, *, vocab_size: 
         return
     sizes = PRESETS["gpu"]
     with torch.device("meta"):  # sizes only: no memory, no time
-        model = MiniGPT(GPTConfig(vocab_size=vocab_size, block_size=sizes["block_size"],
+        model = MiniGPT(GPTConfig(vocab_size=vocab_size, context_length=sizes["context_length"],
                                   n_layers=sizes["n_layers"], n_heads=sizes["n_heads"],
                                   d_model=sizes["d_model"]))
-    tokens = sizes["max_iters"] * sizes["batch_size"] * sizes["block_size"]
+    tokens = sizes["max_iters"] * sizes["batch_size"] * sizes["context_length"]
     flops = model.flops_per_token() * tokens
     speed = cpu_flops_per_second() if cpu_flops is None else float(cpu_flops)
     hours = flops / speed / 3600

@@ -1,0 +1,155 @@
+"""The doors of the layers in ``layers.py`` (Chapters 6-8): what a layer a reader calls checks.
+
+A layer built by a reader checks its inputs here before any work, so a wrong shape
+or dtype is a ``TypeError`` / ``ValueError`` that names the argument, not an error
+from deep inside torch; and no argument can leave a cache half-updated. A layer
+built into a parent skips its door (``check_inputs = False``): the parent checked.
+Each door returns the attention mask it prepared (combined, on the queries' device).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._validation import (
+    check_bool,
+    check_sequence,
+    check_tensor,
+    check_token_mask,
+    values_checkable,
+)
+from .kv_cache import check_cache
+from .masks import combine_masks
+
+__all__ = [
+    "check_attention_function",
+    "check_block_call",
+    "check_feed_forward_call",
+    "check_multi_head_call",
+    "check_positions_call",
+]
+
+
+def check_attention_function(fn: object) -> Any:
+    """``None``, or a function ``(q, k, v, mask, *, is_causal, dropout_p, bias) -> (out, w)``."""
+    if fn is not None and not callable(fn):
+        raise TypeError(f"attention_fn must be a function (q, k, v, mask, *, is_causal, "
+                        f"dropout_p, bias) -> (out, weights or None), or None, got "
+                        f"{type(fn).__name__} {fn!r}")
+    return fn
+
+
+def check_multi_head_call(layer: Any, query: object, key: object, value: object,
+                          attention_mask: object, mask: object, is_causal: object,
+                          need_weights: object, cache: object, bias: object,
+                          ) -> tuple[Tensor | None, Tensor | None]:
+    """Check a standalone ``MultiHeadAttention`` call; return ``(attention_mask, mask)``
+    moved to the queries' device."""
+    dtype = layer.q_proj.weight.dtype
+    query = check_sequence(query, "query", width=layer.d_model, dtype=dtype)
+    if (key is None) != (value is None):
+        raise ValueError("pass both key and value (cross-attention) or neither "
+                         "(self-attention)")
+    if key is not None and cache is not None:
+        raise ValueError("cache is for self-attention; pass key=value=None with it")
+    batch, t_q = query.shape[0], query.shape[1]
+    if key is not None:
+        key = check_sequence(key, "key", width=layer.d_model, batch=batch, dtype=dtype)
+        value = check_sequence(value, "value", width=layer.d_model, batch=batch, dtype=dtype)
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(f"key and value must have the same length T_k, got "
+                             f"{tuple(key.shape)} and {tuple(value.shape)}")
+        if not query.device == key.device == value.device:
+            raise ValueError(f"query, key and value must be on one device, got {query.device}, "
+                             f"{key.device} and {value.device}")
+    check_bool(need_weights, "need_weights")
+    check_bool(is_causal, "is_causal")
+    past = 0
+    if cache is not None:
+        past = check_cache(cache, "cache", batch=batch, heads=layer.n_kv_heads,
+                           head_dim=layer.head_dim, dtype=dtype, device=query.device).length
+    t_k = (t_q if key is None else key.shape[1]) + past
+    for name, value in (("mask", mask), ("attention_mask", attention_mask)):
+        if value is not None and not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a boolean torch.Tensor or None, got "
+                            f"{type(value).__name__}")
+    if isinstance(attention_mask, Tensor) and attention_mask.shape[:1] != (batch,):
+        raise ValueError(f"attention_mask must have shape (B, T_k) with B={batch}, "
+                         f"got {tuple(attention_mask.shape)}")
+    if isinstance(mask, Tensor) and mask.dim() == 3 and mask.shape[0] not in (1, batch):
+        raise ValueError(f"mask must have shape (T_q, T_k) or (B, T_q, T_k) with "
+                         f"B={batch}, got {tuple(mask.shape)}")
+    if bias is not None:
+        check_tensor(bias, "bias")
+    combine_masks(t_q, t_k, mask=mask, attention_mask=attention_mask,  # type: ignore[arg-type]
+                  device=query.device)  # for its checks of the two masks' shapes
+    moved = [m.to(query.device) if isinstance(m, Tensor) else None for m in (attention_mask, mask)]
+    return moved[0], moved[1]
+
+
+def check_feed_forward_call(layer: Any, x: object) -> None:
+    """Check a standalone ``FeedForward`` call: a tensor ``(..., D)`` in the layer's dtype."""
+    x = check_tensor(x, "x", min_ndim=1)
+    weight = layer.linear1.weight
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x must have width d_model={weight.shape[1]}, "
+                         f"got shape {tuple(x.shape)}")
+    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        # nn.Linear would fail inside with "mat1 and mat2 must have the same dtype"
+        # (under autocast mixed dtypes are fine: autocast casts them itself).
+        raise TypeError(f"x has dtype {x.dtype} but the layer's weights are "
+                        f"{weight.dtype}; convert one with .to(dtype)")
+
+
+def check_positions_call(layer: Any, x: object, positions: object) -> None:
+    """Check a standalone ``PositionalEncoding`` call: ``x (B, T, D)``, positions in the table."""
+    x = check_tensor(x, "x", ndim=3)
+    context_length, d_model = layer.table.shape
+    if x.shape[-1] != d_model:
+        raise ValueError(f"x must have width d_model={d_model}, got shape {tuple(x.shape)}")
+    if positions is None:
+        if x.shape[1] > context_length:
+            raise ValueError(f"x has T={x.shape[1]} positions, more than "
+                             f"context_length={context_length}")
+        return
+    if not isinstance(positions, Tensor) or positions.dtype != torch.long:
+        raise TypeError(f"positions must be a torch.long tensor (B, T), got {positions!r}")
+    if positions.shape not in (x.shape[:2], x.shape[1:2]):
+        raise ValueError(f"positions must have shape (B, T)={tuple(x.shape[:2])} or (T,), "
+                         f"got {tuple(positions.shape)}")
+    if values_checkable(positions) and positions.numel() and (
+            positions.min() < 0 or positions.max() >= context_length):
+        raise ValueError(f"positions must lie in [0, context_length={context_length}), got "
+                         f"[{int(positions.min())}, {int(positions.max())}]")
+
+
+def check_block_call(block: Any, x: object, attention_mask: object, mask: object,
+                     is_causal: object, memory: object, memory_attention_mask: object,
+                     cache: object) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """Check a standalone ``TransformerBlock`` call; return ``(attention_mask, mask,
+    memory_attention_mask)`` on ``x``'s device."""
+    # Check here, not deep inside: a wrong width would otherwise surface as a
+    # LayerNorm shape error, and memory's errors would be reported as "key".
+    d_model, dtype = block.self_attn.d_model, block.norm1.weight.dtype
+    x = check_sequence(x, "x", width=d_model, dtype=dtype)
+    if (memory is None) != (block.cross_attn is None):
+        raise ValueError("memory must be given exactly when the block was built with "
+                         f"cross_attention=True (this block has cross_attention="
+                         f"{block.cross_attn is not None})")
+    if memory is None and memory_attention_mask is not None:
+        raise ValueError("memory_attention_mask was given without memory")
+    if memory is not None:
+        memory = check_sequence(memory, "memory", width=d_model, batch=x.shape[0])
+        if memory.dtype != x.dtype:
+            raise TypeError(f"memory has dtype {memory.dtype} but x has {x.dtype}")
+        if memory.device != x.device:
+            raise ValueError(f"memory is on {memory.device} but x is on {x.device}")
+        if memory_attention_mask is not None:
+            memory_attention_mask = check_token_mask(
+                memory_attention_mask, "memory_attention_mask", memory.shape[:2]).to(x.device)
+    attention_mask, mask = check_multi_head_call(block.self_attn, x, None, None, attention_mask,
+                                                 mask, is_causal, False, cache, None)
+    return attention_mask, mask, memory_attention_mask  # type: ignore[return-value]

@@ -1,0 +1,137 @@
+"""The doors of the models (Chapters 8 and 11): their arguments, checked once per call.
+
+``MiniGPT.forward``, ``MiniGPT.generate`` and the forwards of ``Encoder``,
+``Decoder`` and ``EncoderDecoder`` call these first; the blocks inside then run
+unchecked. Each door returns the real-token masks it checked, moved to the
+device of the token ids, so that the model body never moves or re-checks them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .._validation import (
+    check_bool,
+    check_left_padding,
+    check_nonnegative_int,
+    check_nonnegative_real,
+    check_positive_int,
+    check_sequence,
+    check_token_ids,
+    check_token_mask,
+)
+from ..core.kv_cache import check_caches
+
+__all__ = [
+    "check_decoder_call",
+    "check_encoder_call",
+    "check_generate_call",
+    "check_gpt_call",
+    "check_on_model_device",
+]
+
+
+def check_on_model_device(model: nn.Module, ids: Tensor, name: str) -> None:
+    """Token ids must be where the model's weights are (an embedding would fail inside)."""
+    weights = next(model.parameters())
+    if ids.device != weights.device:
+        raise ValueError(f"{name} is on {ids.device} but the model is on {weights.device}; move "
+                         f"one of them, e.g. {name}.to({str(weights.device)!r})")
+
+
+def _key_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
+    """The dtype of the keys the model's layers make: autocast's, else the weights'."""
+    if device.type in ("cpu", "cuda", "mps", "xpu") and torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return next(model.parameters()).dtype
+
+
+def _check_mask(mask: object, name: str, shape: tuple[int, ...], device: torch.device, *,
+                rows_nonempty: bool = False) -> Tensor | None:
+    if mask is None:
+        return None
+    return check_token_mask(mask, name, shape, rows_nonempty=rows_nonempty).to(device)
+
+
+def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: object,
+                   caches: object, need_weights: object) -> Tensor | None:
+    """Check ``MiniGPT.forward``'s arguments; return ``attention_mask`` on ``idx``'s device."""
+    c = model.config
+    idx = check_token_ids(idx, "idx", c.vocab_size)
+    check_on_model_device(model, idx, "idx")
+    check_bool(need_weights, "need_weights")
+    (batch, time), past = idx.shape, 0
+    if caches is not None:
+        past = check_caches(caches, len(model.blocks), batch=batch,
+                            heads=c.n_kv_heads or c.n_heads, head_dim=c.d_model // c.n_heads,
+                            dtype=_key_dtype(model, idx.device), device=idx.device)
+    if past + time > c.context_length:
+        raise ValueError(f"the sequence has {past + time} tokens (T={time}"
+                         + (f" after {past} cached" if past else "")
+                         + f"), more than context_length={c.context_length}")
+    if targets is not None:
+        targets = check_token_ids(targets, "targets", c.vocab_size, shape=idx.shape,
+                                  ignore_index=-1)
+        if targets.device != idx.device:
+            raise ValueError(f"targets are on {targets.device} but idx is on {idx.device}")
+    return _check_mask(attention_mask, "attention_mask", (batch, past + time), idx.device,
+                       rows_nonempty=True)
+
+
+def check_generate_call(model: Any, idx: object, max_new_tokens: object, temperature: object,
+                        top_k: object, use_cache: object, attention_mask: object,
+                        generator: object) -> Tensor | None:
+    """Check ``MiniGPT.generate``'s arguments once; return the left-padding mask (or ``None``)."""
+    vocab_size = model.config.vocab_size
+    idx = check_token_ids(idx, "idx", vocab_size)
+    check_on_model_device(model, idx, "idx")
+    check_nonnegative_int(max_new_tokens, "max_new_tokens")
+    check_nonnegative_real(temperature, "temperature")
+    if top_k is not None and check_positive_int(top_k, "top_k") > vocab_size:
+        raise ValueError(f"top_k must be at most vocab_size={vocab_size}, got {top_k}")
+    check_bool(use_cache, "use_cache")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    mask = _check_mask(attention_mask, "attention_mask", tuple(idx.shape), idx.device,
+                       rows_nonempty=True)
+    return None if mask is None else check_left_padding(mask, "attention_mask")
+
+
+def check_encoder_call(encoder: Any, src: object, src_attention_mask: object) -> Tensor | None:
+    """Check ``Encoder.forward``'s arguments; return the source mask on ``src``'s device."""
+    c = encoder.config
+    src = check_token_ids(src, "src", c.src_vocab_size)
+    check_on_model_device(encoder, src, "src")
+    if src.shape[1] > c.context_length:
+        raise ValueError(f"src has {src.shape[1]} positions, more than "
+                         f"context_length={c.context_length}")
+    return _check_mask(src_attention_mask, "src_attention_mask", tuple(src.shape), src.device)
+
+
+def check_decoder_call(decoder: Any, tgt: object, memory: object, tgt_attention_mask: object,
+                       memory_attention_mask: object, caches: object,
+                       ) -> tuple[Tensor | None, Tensor | None]:
+    """Check ``Decoder.forward``'s arguments; return both masks on ``tgt``'s device."""
+    c = decoder.config
+    tgt = check_token_ids(tgt, "tgt", c.tgt_vocab_size)
+    check_on_model_device(decoder, tgt, "tgt")
+    memory = check_sequence(memory, "memory", width=c.d_model, batch=tgt.shape[0],
+                            dtype=decoder.lm_head.weight.dtype)
+    if memory.device != tgt.device:
+        raise ValueError(f"memory is on {memory.device} but tgt is on {tgt.device}")
+    memory_mask = _check_mask(memory_attention_mask, "memory_attention_mask",
+                              tuple(memory.shape[:2]), tgt.device)
+    past = 0
+    if caches is not None:
+        past = check_caches(caches, len(decoder.blocks), batch=tgt.shape[0], heads=c.n_heads,
+                            head_dim=c.d_model // c.n_heads,
+                            dtype=_key_dtype(decoder, tgt.device), device=tgt.device)
+    if past + tgt.shape[1] > c.context_length:
+        raise ValueError(f"the target would reach {past + tgt.shape[1]} positions, more than "
+                         f"context_length={c.context_length}")
+    tgt_mask = _check_mask(tgt_attention_mask, "tgt_attention_mask",
+                           (tgt.shape[0], past + tgt.shape[1]), tgt.device)
+    return tgt_mask, memory_mask
