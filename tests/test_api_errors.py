@@ -306,10 +306,6 @@ case("MiniGPT.generate", "use_cache", TypeError, lambda: GPT.generate(IDX, 2, us
 case("MiniGPT.generate", "attention_mask", ValueError,
      lambda: GPT.generate(IDX, 2, attention_mask=RIGHT_PADDED))
 case("MiniGPT.generate", "generator", TypeError, lambda: GPT.generate(IDX, 2, generator=7))
-case("MiniGPT.attention_maps", "idx", TypeError, lambda: GPT.attention_maps(IDX.double()))
-case("MiniGPT.attention_maps", "idx", ValueError, lambda: GPT.attention_maps(IDX[0]))
-case("MiniGPT.attention_maps", "attention_mask", ValueError,
-     lambda: GPT.attention_maps(IDX, attention_mask=_bool(2, 4)))
 case("MiniGPT.num_parameters", "non_embedding", TypeError,
      lambda: GPT.num_parameters(non_embedding="yes"))
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from course_attn import attention_maps
 from course_attn.core.attention import ATTENTION_IMPLS, attention
 from course_attn.core.layers import MultiHeadAttention, PositionalEncoding, TransformerBlock
 from course_attn.core.masks import causal_mask, padding_mask
@@ -70,7 +71,7 @@ def test_minigpt_cached_decoding_and_attention_maps_on_meta(impl):
     model(ids(), attention_mask=left_padding(), caches=caches)
     mask = torch.cat([left_padding(), torch.ones(2, 1, dtype=torch.bool, device=META)], dim=1)
     logits, _ = model(ids(time=1), attention_mask=mask, caches=caches)
-    maps = model.attention_maps(ids(), attention_mask=left_padding())
+    maps = attention_maps(model, ids(), attention_mask=left_padding())
     assert logits.shape == (2, 1, V) and maps.shape == (2, 2, 2, T, T)
     assert all_on_meta(logits, maps, caches[0].k, caches[1].v)
 

@@ -27,7 +27,7 @@ from course_attn import (
     padding_mask,
     positions_from_attention_mask,
 )
-from course_attn.core.kv_cache import check_cache
+from course_attn.core.checks import check_cache
 
 TOL = {"atol": 1e-10, "rtol": 1e-8}
 D, H = 16, 4

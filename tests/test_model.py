@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from course_attn import attention_maps
 from course_attn.core.layers import TransformerBlock
 from course_attn.models.decoding import pick_next
 from course_attn.models.gpt import GPTConfig, MiniGPT
@@ -190,7 +191,7 @@ def test_generate_keeps_training_mode():
 @pytest.mark.parametrize("impl", ["manual", "sdpa"])
 def test_attention_maps_rows_sum_to_one_on_real_keys(impl):
     model = tiny(impl)
-    maps = model.attention_maps(IDX, attention_mask=MASK)
+    maps = attention_maps(model, IDX, attention_mask=MASK)
     assert maps.shape == (2, 3, 2, 5, 5)
     sums = maps.sum(-1).transpose(1, 2)  # (L, H, B, T)
     torch.testing.assert_close(sums[:, :, MASK], torch.ones_like(sums[:, :, MASK]))

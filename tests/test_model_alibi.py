@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
+from course_attn import attention_maps
 from course_attn.core.attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
 from course_attn.core.layers import split_heads
 from course_attn.core.masks import causal_mask
@@ -175,7 +176,7 @@ def test_the_bias_is_made_once_and_a_cached_step_takes_its_bottom_right_rows():
 def test_the_first_layers_weights_equal_alibi_attention_by_hand(n_kv_heads):
     """attention_maps of layer 0 against the separate reference, padding included."""
     model = tiny(n_kv_heads=n_kv_heads)
-    maps = model.attention_maps(IDX, attention_mask=MASK)  # (L, B, H, T, T)
+    maps = attention_maps(model, IDX, attention_mask=MASK)  # (L, B, H, T, T)
     attn = model.blocks[0].self_attn
     h = model.blocks[0].norm1(model.embed(IDX))  # no position is added to the tokens
     group = 4 // attn.n_kv_heads

@@ -17,6 +17,7 @@ import functools
 import pytest
 import torch
 
+from course_attn import attention_maps
 from course_attn.core.attention import ATTENTION_IMPLS
 from course_attn.core.layers import MultiHeadAttention, sinusoidal_table
 from course_attn.core.masks import padding_mask
@@ -171,7 +172,7 @@ def test_greedy_identical_with_and_without_cache_past_block_size(variant, impl):
 @variants
 def test_attention_maps_rows_sum_to_one_within_the_window(variant):
     model = tiny(variant)
-    maps = model.attention_maps(IDX, attention_mask=MASK)  # (L, B, H, T, T)
+    maps = attention_maps(model, IDX, attention_mask=MASK)  # (L, B, H, T, T)
     sums = maps.sum(-1).transpose(1, 2)  # (L, H, B, T)
     torch.testing.assert_close(sums[:, :, MASK], torch.ones_like(sums[:, :, MASK]))
     assert (sums[:, :, ~MASK] == 0).all()
@@ -337,7 +338,7 @@ def test_a_one_layer_window_never_sees_tokens_older_than_the_window(impl, pos_en
 
 
 def test_a_window_of_one_attends_only_to_itself():
-    maps = tiny(window=1).attention_maps(IDX, attention_mask=MASK)  # (L, B, H, T, T)
+    maps = attention_maps(tiny(window=1), IDX, attention_mask=MASK)  # (L, B, H, T, T)
     eye = torch.eye(5, dtype=maps.dtype).expand_as(maps)
     real = MASK[None, :, None, :, None].expand_as(maps)  # rows of real queries
     torch.testing.assert_close(maps[real], eye[real])

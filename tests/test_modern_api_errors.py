@@ -24,7 +24,7 @@ MODULES = (rope, alibi, gqa, kv_memory, sliding_window, latent, linear_attention
 NOT_CALLED = {"KV_CACHE_KINDS"}
 # Building blocks a model calls once per forward, after its own door checked everything:
 # they check nothing (``apply_rope`` is the checked way to rotate, swept above).
-BUILDING_BLOCKS = {"rope_cos_sin", "apply_rotary"}
+BUILDING_BLOCKS = {"rope_cos_sin", "apply_rotary", "rope_rotation"}
 Q = torch.randn(2, 4, 5, 8)  # (B, H, T, head_dim)
 KV = torch.randn(2, 2, 5, 8)  # (B, n_kv_heads, T, head_dim)
 POS = torch.arange(5)

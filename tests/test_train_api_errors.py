@@ -23,6 +23,7 @@ from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import checkpoint, cli, hardware, presets, resume
 
 TASK = tasks.CopyTask(vocab_size=6, half_length=4)
+TASK_IDS = torch.zeros(2, 4, dtype=torch.long)
 TOKENIZER = data.CharTokenizer("abc")
 IDS = torch.arange(60) % 3
 WEIGHTS = torch.full((6, 6), 1 / 6)
@@ -131,6 +132,8 @@ CASES: dict[str, Case] = {
                           lambda p: tasks.RecallTask().sample(-1), "batch_size"),
     "RecallTask.get_batch": (lambda p: tasks.RecallTask().get_batch(None, 2), "split",
                              lambda p: tasks.RecallTask().get_batch("dev", 2), "split"),
+    "attention_maps": (lambda p: analysis.attention_maps(model(), TASK_IDS.double()), "idx",
+                       lambda p: analysis.attention_maps(model(), TASK_IDS[0]), "idx"),
     "induction_attention_score": (
         lambda p: analysis.induction_attention_score(WEIGHTS[None], [[0, 1]]), "tokens",
         lambda p: analysis.induction_attention_score(WEIGHTS[None], torch.arange(6)), "tokens"),

@@ -57,7 +57,7 @@ from .data.text import (
     train_val_split,
 )
 from .env import environment_report, pick_device, seed_everything
-from .lab.analysis import induction_attention_score, offset_attention_score
+from .lab.analysis import attention_maps, induction_attention_score, offset_attention_score
 from .lab.experiments import block_gradient_norms, decode_step_seconds
 from .models.encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
 from .models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
@@ -71,7 +71,7 @@ from .modern.linear_attention import (
     linear_attention,
     linear_attention_recurrent,
 )
-from .modern.rope import apply_rope, apply_rotary, rope_cos_sin, sinusoid_angles
+from .modern.rope import apply_rope, apply_rotary, rope_cos_sin, rope_rotation, sinusoid_angles
 from .modern.sliding_window import RollingKVCache, sliding_window_attention, sliding_window_mask
 
 __all__ = [
@@ -88,6 +88,7 @@ __all__ = [
     "diagrams",
     "measure",
     "download_tiny_shakespeare",
+    "attention_maps",
     "induction_attention_score",
     "load_text",
     "offset_attention_score",
@@ -145,6 +146,7 @@ __all__ = [
     "linear_attention_recurrent",
     "repeat_kv",
     "rope_cos_sin",
+    "rope_rotation",
     "sinusoid_angles",
     "sliding_window_attention",
     "sliding_window_mask",

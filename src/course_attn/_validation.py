@@ -58,6 +58,8 @@ __all__ = [
     "check_left_padding",
     "check_nonnegative_int",
     "check_choice",
+    "check_cpu_generator",
+    "check_split",
     "check_positive_int",
     "check_positive_real",
     "check_probability",
@@ -472,3 +474,22 @@ def trusting(module: nn.Module) -> Iterator[None]:
         yield
     finally:
         setattr(module, "check_inputs", was)  # noqa: B010
+
+
+def check_cpu_generator(generator: object) -> None:
+    """``None`` or a CPU ``torch.Generator`` (batch positions are drawn on the host)."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got "
+                        f"{type(generator).__name__}")
+    if generator.device.type != "cpu":
+        raise ValueError(f"generator must be a CPU torch.Generator (batches are drawn on the "
+                         f"host, then copied), got one on {generator.device}")
+
+
+def check_split(split: object) -> str:
+    """``"train"`` or ``"val"``: which part of a data set a batch is drawn from."""
+    if not isinstance(split, str):
+        raise TypeError(f"split must be 'train' or 'val', got {type(split).__name__} {split!r}")
+    return check_choice(split, "split", ("train", "val"))

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import check_attention_args, check_choice
-from .masks import with_causal, zero_unreachable_keys
 from .tiled import attention_tiled
 
 __all__ = [
@@ -36,11 +35,34 @@ __all__ = [
     "attention_manual",
     "attention_sdpa",
     "scaled_dot_product_attention",
+    "with_causal",
+    "zero_unreachable_keys",
 ]
 
 #: ``f(q, k, v, mask, *, is_causal, scale, dropout_p, bias) -> (out, weights or None)``:
 #: what a layer calls to attend (``MultiHeadAttention(attention_fn=...)``).
 AttentionFunction = Callable[..., tuple[Tensor, Tensor | None]]
+
+
+def with_causal(mask: Tensor | None, t_q: int, t_k: int,
+                device: torch.device | None) -> Tensor:
+    """``mask`` AND the bottom-right causal mask ``(t_q, t_k)`` made on ``device`` (Chapter 5).
+
+    No checks: a building block of the attention paths (``causal_mask`` is the checked one).
+    Query ``i`` may attend key ``j <= i + t_k - t_q``: the queries are the last positions.
+    """
+    causal = torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(t_k - t_q)  # (t_q, t_k)
+    return causal if mask is None else mask & causal
+
+
+def zero_unreachable_keys(k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Zero the keys and values that no query may attend to (padding); no checks (Chapter 5).
+
+    A padded slot may hold anything, NaN included. Its weight is 0, but 0 * NaN = NaN:
+    without this a NaN in a pad's value would reach every real token's output.
+    """
+    reachable = mask.any(dim=-2).unsqueeze(-1)  # (..., T_q, T_k) -> (..., T_k, 1)
+    return k.masked_fill(~reachable, 0.0), v.masked_fill(~reachable, 0.0)
 
 
 def attention_manual(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,

@@ -21,11 +21,13 @@ from .._validation import (
     check_token_mask,
     values_checkable,
 )
-from .kv_cache import check_cache
+from .kv_cache import KVCache
 from .masks import combine_masks
 
 __all__ = [
     "check_attention_function",
+    "check_cache",
+    "check_caches",
     "check_block_call",
     "check_feed_forward_call",
     "check_multi_head_call",
@@ -153,3 +155,54 @@ def check_block_call(block: Any, x: object, attention_mask: object, mask: object
     attention_mask, mask = check_multi_head_call(block.self_attn, x, None, None, attention_mask,
                                                  mask, is_causal, False, cache, None)
     return attention_mask, mask, memory_attention_mask  # type: ignore[return-value]
+
+
+def check_cache(cache: object, name: str, *, batch: int, heads: int, head_dim: int,
+                dtype: torch.dtype, device: torch.device) -> KVCache:
+    """Check that ``cache`` is a :class:`KVCache` new keys ``(B, H, T, head_dim)`` fit (Chapter 8).
+
+    A cached dtype or device other than the new keys' would otherwise promote the
+    whole cache (float64) or fail inside ``torch.cat``; another ``B``, ``H`` or
+    ``head_dim`` means the cache belongs to another layer or batch.
+    """
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"{name} must be a KVCache, got {type(cache).__name__}")
+    if cache.k is None:
+        return cache
+    held = cache.k
+    if held.dtype != dtype:
+        raise TypeError(f"{name} holds {held.dtype} keys but the layer makes {dtype} keys; keep "
+                        "one dtype for a whole decoding run (reset() the cache after converting "
+                        "the model)")
+    if held.device != device:
+        raise ValueError(f"{name} holds keys on {held.device} but the layer runs on {device}; "
+                         "keep one device for a whole decoding run (reset() the cache after "
+                         "moving the model)")
+    if (held.shape[0], held.shape[1], held.shape[3]) != (batch, heads, head_dim):
+        raise ValueError(f"{name} holds (B, H, head_dim)=({held.shape[0]}, {held.shape[1]}, "
+                         f"{held.shape[3]}) but the new keys have ({batch}, {heads}, "
+                         f"{head_dim}); use one cache per layer and per batch (reset() it "
+                         "between batches)")
+    return cache
+
+
+def check_caches(caches: object, n_layers: int, **fits: object) -> int:
+    """Check one :class:`KVCache` per layer (from ``new_caches()``); return ``T_cache`` (Chapter 8).
+
+    A model's door calls it once per forward: a list of ``n_layers`` caches that all
+    hold the same length, each fitting the new keys (``fits``: the keyword arguments
+    of :func:`check_cache`, without ``name``).
+    """
+    if not isinstance(caches, list | tuple):
+        raise TypeError(f"caches must be a list of {n_layers} KVCache (one per layer, see "
+                        f"new_caches()), got {type(caches).__name__}")
+    if len(caches) != n_layers:
+        raise ValueError(f"caches must be a list of {n_layers} KVCache (one per layer, see "
+                         f"new_caches()), got {len(caches)}")
+    for i, cache in enumerate(caches):
+        check_cache(cache, f"caches[{i}]", **fits)  # type: ignore[arg-type]
+    lengths = {cache.length for cache in caches}
+    if len(lengths) != 1:
+        raise ValueError(f"the caches of the layers hold different lengths {sorted(lengths)}; "
+                         "create them together with new_caches()")
+    return lengths.pop()

@@ -147,7 +147,8 @@ class MultiHeadAttention(nn.Module):
         if self.check_inputs:
             attention_mask, mask = check_multi_head_call(self, query, key, value, attention_mask,
                                                          mask, is_causal, need_weights, cache, bias)
-        mask = scores_mask(mask, attention_mask)  # (B, 1, T_q, T_k), or as a parent prepared it
+        if attention_mask is not None or (mask is not None and mask.dim() == 3):
+            mask = scores_mask(mask, attention_mask)  # one for every head: (B, 1, T_q, T_k)
         key = query if key is None else key
         value = key if value is None else value
         (batch, t_q, _), t_k, hd = query.shape, key.shape[1], self.head_dim

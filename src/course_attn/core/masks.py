@@ -23,6 +23,7 @@ from .._validation import (
     explain_out_of_memory,
     values_checkable,
 )
+from .attention import with_causal
 
 __all__ = [
     "causal_mask",
@@ -32,8 +33,6 @@ __all__ = [
     "scores_mask",
     "to_additive_mask",
     "to_torch_mha_mask",
-    "with_causal",
-    "zero_unreachable_keys",
 ]
 
 
@@ -53,30 +52,7 @@ def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str 
     t_k = t_q if t_k is None else check_positive_int(t_k, "t_k")
     device = check_device(device, "device", exists=True)
     with explain_out_of_memory(f"causal_mask(t_q={t_q}, t_k={t_k})", t_q * t_k):
-        return _lower_right(t_q, t_k, device)
-
-
-def _lower_right(t_q: int, t_k: int, device: torch.device | None) -> Tensor:
-    """:func:`causal_mask` without its checks: a building block of the attention paths."""
-    ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)  # (t_q, t_k)
-    return ones.tril(diagonal=t_k - t_q)  # key j <= query i + (t_k - t_q)
-
-
-def with_causal(mask: Tensor | None, t_q: int, t_k: int, device: torch.device) -> Tensor:
-    """``mask`` AND the bottom-right causal mask ``(t_q, t_k)``, made on ``device`` (no checks)."""
-    causal = _lower_right(t_q, t_k, device)  # (t_q, t_k)
-    return causal if mask is None else mask & causal
-
-
-def zero_unreachable_keys(k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Zero the keys and values that no query may attend to (padding); no checks.
-
-    A padded slot may hold anything, NaN or inf included. Its weight is 0, but
-    0 * NaN = NaN, so without this a NaN in a pad's value would reach every real
-    token's output through the weights @ values product (on every path).
-    """
-    reachable = mask.any(dim=-2).unsqueeze(-1)  # (..., T_q, T_k) -> (..., T_k, 1)
-    return k.masked_fill(~reachable, 0.0), v.masked_fill(~reachable, 0.0)
+        return with_causal(None, t_q, t_k, device)  # (t_q, t_k)
 
 
 def padding_mask(

@@ -40,14 +40,16 @@ from torch import Tensor
 
 from .._validation import (
     check_bool,
+    check_cpu_generator,
     check_device,
     check_nonnegative_int,
     check_positive_int,
+    check_split,
     check_token_mask,
 )
 from ..models.encoder_decoder import EncoderDecoder
 from ..models.gpt import next_token_loss
-from .text import _check_generator, _check_split, to_device
+from .text import to_device
 
 __all__ = [
     "BOS",
@@ -137,7 +139,7 @@ class Seq2SeqTask:
                ) -> Seq2SeqBatch:
         """A batch of ``batch_size`` random examples on the CPU (layout in the module doc)."""
         check_positive_int(batch_size, "batch_size")
-        _check_generator(generator)
+        check_cpu_generator(generator)
         lengths = torch.randint(self.min_len, self.max_len + 1, (batch_size,),
                                 generator=generator)  # (B,)
         symbols = torch.randint(self.n_symbols, (batch_size, self.max_len),
@@ -158,7 +160,7 @@ class Seq2SeqTask:
                   generator: torch.Generator | None = None,
                   device: torch.device | str | None = None) -> Seq2SeqBatch:
         """A batch of ``split`` (``"train"`` or ``"val"``, both random draws) on ``device``."""
-        _check_split(split)
+        check_split(split)
         if device is not None:
             check_device(device, "device", exists=True)
         batch = self.sample(batch_size, generator=generator)

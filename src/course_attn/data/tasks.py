@@ -16,8 +16,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._validation import check_choice, check_device, check_positive_int
-from .text import _check_generator, _check_split, to_device
+from .._validation import (
+    check_choice,
+    check_cpu_generator,
+    check_device,
+    check_positive_int,
+    check_split,
+)
+from .text import to_device
 
 __all__ = ["TASKS", "CopyTask", "RecallTask", "make_task"]
 
@@ -52,7 +58,7 @@ class _NextTokenTask:
         ``split`` is accepted for the trainer's sake; both splits are fresh
         random draws (a synthetic task has no fixed data to overfit).
         """
-        _check_split(split)
+        check_split(split)
         if context_length is not None:
             check_positive_int(context_length, "context_length")
         if device is not None:
@@ -124,7 +130,7 @@ class CopyTask(_NextTokenTask):
     ) -> Tensor:
         """Full sequences ``(B, 2n)``: ``n`` random tokens, then the same ``n`` again."""
         check_positive_int(batch_size, "batch_size")
-        _check_generator(generator)
+        check_cpu_generator(generator)
         first = torch.randint(
             self.vocab_size, (batch_size, self.half_length), generator=generator
         )  # (B, n)
@@ -240,7 +246,7 @@ class RecallTask(_NextTokenTask):
     ) -> Tensor:
         """Full sequences ``(B, 2P)``: ``k_1 v_1 .. k_P v_P``."""
         check_positive_int(batch_size, "batch_size")
-        _check_generator(generator)
+        check_cpu_generator(generator)
         shape = (batch_size, self.n_pairs)
         steps = torch.randint(1, self.max_step + 1, shape, generator=generator)  # (B, P)
         steps[:, 0] = torch.randint(self.n_keys, (batch_size,), generator=generator)

@@ -23,7 +23,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .._validation import check_choice, check_device, check_positive_int, check_positive_real
+from .._validation import (
+    check_cpu_generator,
+    check_device,
+    check_positive_int,
+    check_positive_real,
+    check_split,
+)
 
 __all__ = [
     "DEFAULT_CORPUS_MODULES",
@@ -190,24 +196,6 @@ def _check_token_ids(data: object, name: str) -> Tensor:
     return data
 
 
-def _check_generator(generator: object) -> None:
-    """``None`` or a CPU ``torch.Generator`` (batch positions are drawn on the host)."""
-    if generator is None:
-        return
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got "
-                        f"{type(generator).__name__}")
-    if generator.device.type != "cpu":
-        raise ValueError(f"generator must be a CPU torch.Generator (batches are drawn on the "
-                         f"host, then copied), got one on {generator.device}")
-
-
-def _check_split(split: object) -> str:
-    if not isinstance(split, str):
-        raise TypeError(f"split must be 'train' or 'val', got {type(split).__name__} {split!r}")
-    return check_choice(split, "split", ("train", "val"))
-
-
 def train_val_split(data: Tensor, train_fraction: float = 0.9) -> tuple[Tensor, Tensor]:
     """Split a 1-D token tensor into its first ``train_fraction`` and the rest (nanoGPT: 90/10).
 
@@ -243,7 +231,7 @@ def get_batch(
     _check_token_ids(data, "data")
     check_positive_int(batch_size, "batch_size")
     check_positive_int(context_length, "context_length")
-    _check_generator(generator)
+    check_cpu_generator(generator)
     if device is not None:
         check_device(device, "device", exists=True)
     if len(data) < context_length + 1:
@@ -318,7 +306,7 @@ class CharCorpus:
         device: torch.device | str | None = None,
     ) -> tuple[Tensor, Tensor]:
         """A random batch ``(x, y)``, both ``(B, T)``, from the ``"train"`` or ``"val"`` split."""
-        _check_split(split)
+        check_split(split)
         if device is not None:
             check_device(device, "device", exists=True)
         data = self.train_data if split == "train" else self.val_data

@@ -10,9 +10,37 @@ earlier copy of its own token (an induction head).
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["induction_attention_score", "offset_attention_score"]
+__all__ = ["attention_maps", "induction_attention_score", "offset_attention_score"]
+
+
+@torch.no_grad()
+def attention_maps(model: nn.Module, idx: Tensor, *,
+                   attention_mask: Tensor | None = None) -> Tensor:
+    """Attention weights of every head of every block of a model, ``(L, B, H, T, T)`` (Ch. 11).
+
+    Read as from any PyTorch model: a forward hook on each block's self-attention
+    (``model.blocks[i].self_attn``) catches the weights it returns, during one
+    forward of ``idx (B, T)`` in eval mode with ``need_weights=True``; the model's
+    door checks ``idx`` and ``attention_mask``.
+    """
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList) or not all(hasattr(b, "self_attn") for b in blocks):
+        raise TypeError(f"model must have blocks with a self_attn (a MiniGPT), got "
+                        f"{type(model).__name__}")
+    maps: list[Tensor] = []
+    layers = [block.get_submodule("self_attn") for block in blocks]
+    hooks = [layer.register_forward_hook(lambda _, args, out: maps.append(out[1]))
+             for layer in layers]
+    was_training = model.training
+    try:
+        model.eval()(idx, attention_mask=attention_mask, need_weights=True)
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return torch.stack(maps)  # (L, B, H, T, T)
 
 
 def _check_weights(attn_weights: object, min_ndim: int, shape: str) -> None:

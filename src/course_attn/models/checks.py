@@ -23,7 +23,7 @@ from .._validation import (
     check_token_ids,
     check_token_mask,
 )
-from ..core.kv_cache import check_caches
+from ..core.checks import check_caches
 
 __all__ = [
     "check_decoder_call",

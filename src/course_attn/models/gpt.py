@@ -16,9 +16,7 @@ rotary, sinusoidal or ALiBi positions (``pos_encoding``), grouped-query attentio
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +40,7 @@ from ..core.kv_cache import KVCache, new_caches
 from ..core.layers import TransformerBlock, TransformerBlocks, sinusoidal_table
 from ..core.masks import causal_mask
 from ..modern.alibi import alibi_bias, alibi_slopes
-from ..modern.rope import apply_rotary, rope_cos_sin
+from ..modern.rope import rope_rotation
 from ..modern.sliding_window import sliding_window_mask
 from .checks import check_generate_call, check_gpt_call
 from .decoding import decode, pick_next
@@ -131,18 +129,21 @@ def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
 class MiniGPT(nn.Module):
     """A GPT-style language model built from the course's blocks (Chapter 11).
 
-    ``forward(idx (B, T), targets=None (B, T), *, attention_mask=None (B, T))``
-    returns ``(logits (B, T, V), loss or None)``; ``generate`` continues prompts.
-    ``attention_fn`` replaces the attention path of every block with any function of
-    its signature (``course_attn.core.attention``): linear attention (chapter 10), or
-    attention without the causal mask (chapter 11's ablation).
+    ``forward(idx, targets=None, *, attention_mask=None, caches=None)`` gives ``(logits
+    (B, T, V), loss or None)`` for token ids ``idx (B, T)``, at most ``context_length``
+    with the cached ones. ``targets (B, T)``: the next ids (``-1`` and padding left out).
+    ``attention_mask (B, T_cache + T)``: ``True`` on real tokens of left-padded rows, whose
+    positions count from their first real token, so a row gives the logits it would
+    alone. ``caches``: one :class:`KVCache` per block; ``idx`` then holds the new tokens.
+    ``attention_fn`` replaces every block's attention path (``course_attn.core.attention``):
+    linear attention (chapter 10), or attention without its causal mask (chapter 11).
     """
 
     check_inputs = True  # the door of forward; generate checks once and shuts it
     pos: nn.Embedding | None  # the learned position table (pos_encoding="learned")
     pos_table: Tensor | None  # the fixed sinusoidal table (pos_encoding="sinusoidal")
     alibi: Tensor | None  # ALiBi's bias (H, T_max, T_max) (pos_encoding="alibi")
-    allowed: Tensor  # (T_max, T_max): which key each query may see (causal, and the window)
+    allowed: Tensor  # (T_max, T_max): the keys each query may see (causal, and the window)
 
     def __init__(self, config: GPTConfig, *,
                  attention_fn: AttentionFunction | None = None) -> None:
@@ -153,7 +154,7 @@ class MiniGPT(nn.Module):
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.pos = (nn.Embedding(c.context_length, c.d_model) if c.pos_encoding == "learned"
                     else None)
-        # Fixed tables are buffers, not saved (persistent=False), built once here; they
+        # Fixed tables are buffers, built once here, not saved (persistent=False); they
         # follow the model to its device. ``allowed`` is nanoGPT's causal "bias" buffer.
         self.register_buffer("pos_table", sinusoidal_table(c.context_length, c.d_model)
                              if c.pos_encoding == "sinusoidal" else None, persistent=False)
@@ -171,11 +172,10 @@ class MiniGPT(nn.Module):
             for _ in range(c.n_layers))
         self.norm = nn.LayerNorm(c.d_model, bias=c.bias)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        if c.tie_weights:
-            # One matrix both reads tokens in and scores them out (GPT-2, nanoGPT).
+        if c.tie_weights:  # one matrix reads tokens in and scores them out (GPT-2, nanoGPT)
             self.lm_head.weight = self.embed.weight
         self.apply(self._init_weights)
-        # GPT-2: scale the projections that write into the residual stream by
+        # GPT-2: the projections that write into the residual stream start smaller, by
         # 1/sqrt(2 * n_layers), so the stream's variance does not grow with depth.
         for block in self.blocks:
             for layer in (block.self_attn.out_proj, block.ff.linear2):
@@ -188,37 +188,13 @@ class MiniGPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(
-        self,
-        idx: Tensor,
-        targets: Tensor | None = None,
-        *,
-        attention_mask: Tensor | None = None,
-        caches: list[KVCache] | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Next-token logits for every position, and the loss when ``targets`` are given.
+    def forward(self, idx: Tensor, targets: Tensor | None = None, *,
+                attention_mask: Tensor | None = None, caches: list[KVCache] | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """``(logits (B, T, V), loss or None)`` for token ids ``idx (B, T)`` (see the class).
 
-        Args:
-            idx: ``(B, T)`` long token ids in ``[0, V)``, ``T <= context_length``.
-            targets: ``(B, T)`` long, the id each position should predict;
-                ``-1`` (and, with ``attention_mask``, padding) is left out of the loss.
-            attention_mask: ``(B, T)`` bool, ``True`` on real tokens (left-padded
-                batches). Padding keys are never attended to and each row's
-                positions count from its first real token, so a padded row gives
-                the same logits as the row alone.
-            caches: one :class:`KVCache` per block (from :meth:`new_caches`) for
-                incremental decoding: ``idx`` then holds only the new tokens and
-                ``attention_mask`` covers every cached and new token ``(B, T_cache + T)``.
-            need_weights: every block's attention runs the manual path and returns its
-                weights, which a forward hook on ``block.self_attn`` sees
-                (:meth:`attention_maps` collects them so).
-
-        Returns:
-            ``(logits (B, T, V), loss)``: ``loss`` is the mean cross-entropy in nats over
-            the targets that count (:func:`next_token_loss`: ``0``, not NaN, when none
-            does), or ``None`` without targets. Token ids are range-checked on the CPU;
-            activations are never scanned for NaN (see ``course_attn._validation``).
+        ``loss`` is :func:`next_token_loss`. ``need_weights``: every block's attention runs
+        the manual path and returns its weights, for a forward hook on ``block.self_attn``.
         """
         if self.check_inputs:
             attention_mask = check_gpt_call(self, idx, targets, attention_mask, caches,
@@ -239,7 +215,9 @@ class MiniGPT(nn.Module):
         if self.pos_table is not None:
             x = x + self.pos_table[positions].to(x.dtype)  # (B, T, D) + ((B,) T, D)
         x = self.drop(x)
-        rotate = self._rotation(positions) if c.pos_encoding == "rope" else None
+        rotate = None  # RoPE: one rotation at these positions, made once for every block
+        if c.pos_encoding == "rope":
+            rotate = rope_rotation(positions, c.d_model // c.n_heads, like=self.embed.weight)
         bias = None if self.alibi is None else self.alibi[:, past:past + time, :past + time]
         for i, block in enumerate(self.blocks):
             x = block(x, mask=mask, is_causal=mask is None, need_weights=need_weights,
@@ -252,16 +230,6 @@ class MiniGPT(nn.Module):
             targets = targets.masked_fill(~attention_mask[:, past:], -1)
         return logits, next_token_loss(logits, targets)
 
-    def _rotation(self, positions: Tensor) -> Callable[[Tensor], Tensor]:
-        """RoPE's rotation at ``positions`` ``(T,)`` or ``(B, T)``, made once for every block."""
-        # Angles in float32 at least: half precision cannot even hold position 2049 exactly.
-        dtype = torch.float64 if self.embed.weight.dtype == torch.float64 else torch.float32
-        head_dim = self.config.d_model // self.config.n_heads
-        cos, sin = rope_cos_sin(positions, head_dim, dtype=dtype)  # ((B,) T, head_dim / 2)
-        if positions.dim() == 2:  # one row of positions per sequence
-            cos, sin = cos[:, None], sin[:, None]  # (B, T, hd/2) -> (B, 1, T, hd/2): all heads
-        return functools.partial(apply_rotary, cos=cos, sin=sin)
-
     def num_parameters(self, *, non_embedding: bool = False) -> int:
         """Parameters (a tied matrix counts once), optionally without ``pos`` (Chapter 11)."""
         check_bool(non_embedding, "non_embedding")
@@ -271,13 +239,8 @@ class MiniGPT(nn.Module):
         return total
 
     def flops_per_token(self) -> int:
-        """Floating-point operations to train on one token: forward and backward (Chapter 11).
-
-        The estimate of the PaLM paper that nanoGPT uses: ``6 N`` for the weights
-        (2 per weight forward, 4 backward) plus ``12 L T D`` for the attention
-        scores and the weighted sum over a full context of ``T = context_length``
-        (``N`` without the position table, ``L`` layers, width ``D``).
-        """
+        """Training FLOPs per token (Chapter 11), PaLM's estimate as in nanoGPT: ``6 N`` for
+        ``N`` weights (2 forward, 4 backward; no position table), ``12 L T D`` for attention."""
         c = self.config
         attention = 12 * c.n_layers * c.context_length * c.d_model
         return 6 * self.num_parameters(non_embedding=True) + attention
@@ -287,61 +250,21 @@ class MiniGPT(nn.Module):
         return new_caches(len(self.blocks))
 
     @torch.no_grad()
-    def attention_maps(self, idx: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
-        """Attention weights of every head of every block: ``(L, B, H, T, T)`` (Chapter 11).
-
-        Read the way a reader reads any PyTorch model: a forward hook on each block's
-        self-attention catches the weights it returns, during one forward in eval mode.
-        """
-        maps: list[Tensor] = []
-        hooks = [block.self_attn.register_forward_hook(lambda _, args, out: maps.append(out[1]))
-                 for block in self.blocks]
-        was_training = self.training
-        self.eval()
-        try:
-            self(idx, attention_mask=attention_mask, need_weights=True)
-        finally:
-            self.train(was_training)
-            for hook in hooks:
-                hook.remove()
-        return torch.stack(maps)  # (L, B, H, T, T)
-
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        use_cache: bool = True,
-        attention_mask: Tensor | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Tensor:
+    def generate(self, idx: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+                 top_k: int | None = None, use_cache: bool = True,
+                 attention_mask: Tensor | None = None,
+                 generator: torch.Generator | None = None) -> Tensor:
         """Continue each prompt of ``idx (B, T)`` by ``max_new_tokens`` tokens (Chapter 11).
 
-        Args:
-            idx: ``(B, T)`` long prompts; with ``attention_mask``, left-padded.
-            max_new_tokens: how many tokens to append (>= 0).
-            temperature: divides the logits; ``0`` means greedy (argmax). A tiny
-                temperature behaves as in :func:`~course_attn.core.softmax.softmax`:
-                the best token(s) get all the probability (ties share it), never NaN.
-            top_k: sample only among the ``top_k`` most likely tokens.
-            use_cache: keep each block's keys and values in a :class:`KVCache`
-                and feed only the newest token at each step. Once the sequence
-                is longer than ``context_length`` the context is cropped to the last
-                ``context_length`` tokens (as nanoGPT does); the cached keys would
-                then carry stale positions, so from there on every step
-                recomputes the cropped window from scratch (no cache).
-            attention_mask: ``(B, T)`` bool, ``True`` on real tokens, ``False`` on
-                left padding; each row then gets the continuation it would get alone.
-            generator: a seeded ``torch.Generator`` makes sampling reproducible
-                (sampling happens on the generator's device).
-
-        Returns:
-            ``(B, T + max_new_tokens)`` long: the prompts followed by the new tokens.
-            The arguments are checked once; every step then runs :meth:`forward`
-            with its door shut (hooks on the blocks fire at every step).
+        ``temperature`` divides the logits (``0``: greedy; a tiny one gives the best
+        token(s) all the probability, never NaN); ``top_k`` samples among the ``top_k``
+        likeliest; ``generator`` makes sampling reproducible. ``use_cache`` feeds only the
+        newest token at each step, its keys and values joining a :class:`KVCache`; past
+        ``context_length`` tokens the context is cropped (as nanoGPT does) and recomputed
+        at each step, since cached keys would carry stale positions. ``attention_mask
+        (B, T)`` marks the real tokens of left-padded prompts. Returns ``(B, T +
+        max_new_tokens)``. The arguments are checked once; every step runs
+        :meth:`forward` with its door shut (hooks on the blocks fire at every step).
         """
         attention_mask = check_generate_call(self, idx, max_new_tokens, temperature, top_k,
                                              use_cache, attention_mask, generator)
@@ -353,9 +276,8 @@ class MiniGPT(nn.Module):
             return pick_next(logits, temperature, top_k, generator)  # (B, 1)
 
         was_training = self.training
-        self.eval()
         try:
-            with trusting(self):
+            with trusting(self.eval()):
                 return decode(step, idx, attention_mask, max_new_tokens, pick,
                               n_layers=len(self.blocks) if use_cache else None,
                               context_length=self.config.context_length)

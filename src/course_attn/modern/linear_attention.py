@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import check_bool_mask, check_positive_real, check_qkv, check_tensor
-from ..core.masks import with_causal, zero_unreachable_keys
+from ..core.attention import with_causal, zero_unreachable_keys
 
 __all__ = [
     "LinearAttentionState",

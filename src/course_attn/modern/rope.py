@@ -20,12 +20,15 @@ two layouts learn the same models.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 from .._validation import check_positive_int, check_positive_real, check_tensor
 
-__all__ = ["apply_rope", "apply_rotary", "rope_cos_sin", "sinusoid_angles"]
+__all__ = ["apply_rope", "apply_rotary", "rope_cos_sin", "rope_rotation", "sinusoid_angles"]
 
 ROPE_BASE = 10000.0
 
@@ -100,6 +103,22 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     # (a + ib) * (cos + i sin) = (a cos - b sin) + i (a sin + b cos)
     rotated = torch.stack((first * cos - second * sin, first * sin + second * cos), dim=-1)
     return rotated.flatten(-2).to(x.dtype)  # (..., T, head_dim / 2, 2) -> (..., T, head_dim)
+
+
+def rope_rotation(positions: Tensor, head_dim: int, *, like: Tensor,
+                  base: float = ROPE_BASE) -> Callable[[Tensor], Tensor]:
+    """The rotation a model hands its blocks, RoPE at ``positions`` (Chapter 10), without checks.
+
+    ``positions (T,)`` or ``(B, T)``, one row per sequence (then broadcast over the
+    heads). The angles are float64 for a float64 model (``like``, its weights), else
+    float32: half precision cannot even hold position 2049 exactly. The result maps
+    queries or keys ``(B, H, T, head_dim)`` to their rotated selves.
+    """
+    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    cos, sin = rope_cos_sin(positions, head_dim, base=base, dtype=dtype)  # ((B,) T, hd / 2)
+    if positions.dim() == 2:  # one row of positions per sequence
+        cos, sin = cos[:, None], sin[:, None]  # (B, T, hd/2) -> (B, 1, T, hd/2): every head
+    return functools.partial(apply_rotary, cos=cos, sin=sin)
 
 
 def apply_rope(x: Tensor, positions: Tensor, *, base: float = ROPE_BASE) -> Tensor:
