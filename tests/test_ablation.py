@@ -1,4 +1,4 @@
-"""Chapter 11's ablation helpers, and the cached long runs (course_attn.lab.ablation_runs)."""
+"""Chapter 11's ablation helpers, and the cached long runs (course_attn.lab.ablation.LONG_RUNS)."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def load_script():
 
 
 def test_the_cache_holds_what_the_script_would_write_now():
-    from course_attn.lab.ablation_runs import LONG_RUNS
+    from course_attn.lab.ablation import LONG_RUNS
 
     script = load_script()
     assert list(LONG_RUNS) == [f"{name}, {change}" for name, change, _ in script.RUNS]
@@ -125,7 +125,7 @@ def test_the_cache_holds_what_the_script_would_write_now():
 
 
 def test_the_cached_losses_add_up_and_respect_the_floors():
-    from course_attn.lab.ablation_runs import LONG_RUNS
+    from course_attn.lab.ablation import LONG_RUNS
 
     for entry in LONG_RUNS.values():
         kind = CopyTask if "half_length" in entry["task"] else RecallTask

@@ -9,15 +9,16 @@ question about them is where they end up: the copy task without positions, and
 the recall task without positions or with one layer. This script trains those
 rows for longer, with the chapter's models and settings (only ``max_iters``
 differs), measures them exactly as the notebook measures its rows
-(:func:`course_attn.lab.ablation.position_losses` and :func:`~course_attn.lab.ablation.part_means`)
-and writes the results to ``src/course_attn/ablation_runs.py``, which the
-notebook reads. CPU, one thread, fixed seeds: the same numbers on every run on
-the same machine.
+(``course_attn.lab.ablation.position_losses`` and ``part_means``)
+and writes the results to ``src/course_attn/lab/ablation_runs.json``, which the
+notebook reads (``course_attn.lab.ablation.LONG_RUNS``). CPU, one thread, fixed
+seeds: the same numbers on every run on the same machine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from course_attn.lab.ablation import freeze_positions, part_means, position_loss
 from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import TrainConfig, train
 
-OUT = Path(__file__).resolve().parents[1] / "src" / "course_attn" / "ablation_runs.py"
+OUT = Path(__file__).resolve().parents[1] / "src" / "course_attn" / "lab" / "ablation_runs.json"
 
 #: The chapter's two tasks, their models (seed 0) and training settings (11.2 and 11.4).
 TASKS = {"copy": CopyTask(vocab_size=16, half_length=12),
@@ -80,32 +81,18 @@ def run(name: str, change: str, iterations: int) -> dict:
             "train": dataclasses.asdict(config), "losses": losses}
 
 
-def python_literal(value: object, indent: int = 0) -> str:
-    """``value`` (dicts of plain values) as Python source, one key per line."""
-    if not isinstance(value, dict):
-        return repr(value)
-    pad = " " * indent
-    items = [f"{pad}    {key!r}: {python_literal(item, indent + 4)},\n"
-             for key, item in value.items()]
-    return "{\n" + "".join(items) + pad + "}"
-
-
 def main() -> None:
     torch.set_num_threads(1)
     runs = {f"{name}, {change}": run(name, change, iterations)
             for name, change, iterations in RUNS}
-    OUT.write_text(
-        '"""Chapter 11\'s long ablation runs, cached: written by tools/ablation_long_runs.py.\n\n'
-        "Do not edit: run the script again. Each entry is one row of the chapter's\n"
-        "ablation table trained for longer than the notebook can afford: the task, the\n"
-        "model and training settings it ran with, and its mean loss (nats) overall and\n"
-        "over each part of the task (:func:`course_attn.lab.ablation.part_means`), measured\n"
-        "on the notebook's 512 fresh sequences. Produced with torch "
-        f"{torch.__version__.split('+')[0]}, on a CPU, one thread.\n"
-        '"""\n\n'
-        "from typing import Any\n\n"
-        f"LONG_RUNS: dict[str, dict[str, Any]] = {python_literal(runs)}\n",
-        encoding="utf-8")
+    about = ("Chapter 11's long ablation runs, cached. Written by tools/ablation_long_runs.py; "
+             "do not edit, run the script again. Each entry is one row of the chapter's "
+             "ablation table trained for longer than the notebook can afford: the task, the "
+             "model and training settings it ran with, and its mean loss (nats) overall and "
+             "over each part of the task (course_attn.lab.ablation.part_means), measured on "
+             "the notebook's 512 fresh sequences. Produced with torch "
+             f"{torch.__version__.split('+')[0]}, on a CPU, one thread.")
+    OUT.write_text(json.dumps({"about": about, "runs": runs}, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {OUT}", file=sys.stderr)
 
 

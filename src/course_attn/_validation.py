@@ -374,7 +374,7 @@ def check_head_split(d_model: object, n_heads: object) -> int:
 
 
 def check_kv_heads(n_heads: object, n_kv_heads: object) -> tuple[int, int]:
-    """Check that ``n_kv_heads`` divides ``n_heads`` (grouped-query attention); return both."""
+    """Check that ``n_kv_heads`` divides ``n_heads`` (GQA, Chapter 10); return both."""
     n_heads = check_positive_int(n_heads, "n_heads")
     n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")
     if n_heads % n_kv_heads:

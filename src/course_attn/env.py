@@ -17,7 +17,7 @@ RUNNABLE_DEVICE_TYPES = ("cpu", "cuda", "mps")
 
 
 def pick_device(preferred: str | torch.device | None = None) -> torch.device:
-    """Return ``preferred`` if given, else the best available: cuda, then mps, then cpu.
+    """``preferred`` if given, else the best available: cuda, mps, then cpu (Chapter 11).
 
     ``preferred`` is ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` (or such a
     ``torch.device``), and must exist on this machine: ``"cuda:7"`` on a machine
@@ -45,7 +45,7 @@ SEED_MAX = 2**64 - 1  # torch.manual_seed takes at most an unsigned 64-bit integ
 
 
 def seed_everything(seed: int) -> torch.Generator:
-    """Seed Python, NumPy and torch; return a ``torch.Generator`` seeded the same way.
+    """Seed Python, NumPy and torch; return a ``torch.Generator`` seeded the same way (Chapter 1).
 
     ``seed`` is an int in ``[0, 2**64 - 1]`` (torch's range; NumPy gets ``seed % 2**32``).
     """
@@ -62,7 +62,7 @@ def seed_everything(seed: int) -> torch.Generator:
 
 
 def environment_report() -> str:
-    """One line per library version plus the device the chapter will use."""
+    """One line per library version plus the device the chapter will use (Chapter 1)."""
     import matplotlib
 
     from ._version import __version__

@@ -62,7 +62,7 @@ def padding_mask(
     side: str = "right",
     device: torch.device | str | None = None,
 ) -> Tensor:
-    """Boolean padding mask ``(B, max_len)``, ``True`` on real tokens.
+    """Boolean padding mask ``(B, max_len)``, ``True`` on real tokens (Chapter 5).
 
     Args:
         lengths: ``(B,)`` number of real tokens of each sequence, each in ``[0, max_len]``.
@@ -107,7 +107,7 @@ def padding_mask(
 
 
 def to_torch_mha_mask(mask: Tensor) -> Tensor:
-    """Invert a course mask for ``nn.MultiheadAttention`` (where ``True`` = may NOT attend).
+    """A course mask inverted for ``nn.MultiheadAttention`` (``True`` = may NOT attend; Ch. 5).
 
     ``mask`` is what that module takes: an ``attn_mask (T_q, T_k)`` or
     ``(B * H, T_q, T_k)``, or a ``attention_mask (B, T_k)`` or ``(T_k,)``.
@@ -121,7 +121,7 @@ def to_torch_mha_mask(mask: Tensor) -> Tensor:
 
 
 def to_additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Additive float mask: ``0.0`` where attention is allowed, ``-inf`` where blocked.
+    """Additive float mask: ``0.0`` where attention is allowed, ``-inf`` where blocked (Chapter 5).
 
     Adding it to the scores before softmax is equivalent to the boolean mask
     (except on fully blocked rows, where softmax of all ``-inf`` is NaN).
@@ -144,7 +144,7 @@ def combine_masks(
     is_causal: bool = False,
     device: torch.device | str | None = None,
 ) -> Tensor | None:
-    """AND together the masks one attention call may get; ``None`` if nothing is masked.
+    """AND together the masks one attention call may get; ``None`` if nothing is masked (Chapter 5).
 
     Args:
         t_q, t_k: query and key lengths.

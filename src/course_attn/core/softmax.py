@@ -66,7 +66,7 @@ def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
 
 
 def attention_pool(x: Tensor, query: Tensor, *, scale: bool = True) -> tuple[Tensor, Tensor]:
-    """Pool a sequence into one vector, weighting each token by its match with a query.
+    """Pool a sequence into one vector, weighting each token by its match with a query (Chapter 1).
 
     Args:
         x: token vectors ``(..., T, D)``.

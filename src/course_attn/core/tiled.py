@@ -41,7 +41,7 @@ __all__ = [
 
 
 class SoftmaxState:
-    """A partial softmax over some of a row's scores: running max ``m`` and sum ``l``.
+    """A partial softmax over some of a row's scores: running max ``m``, sum ``l`` (Chapter 9).
 
     ``m (..., 1)`` is the largest score seen so far and ``l (..., 1)`` the sum of
     ``exp(score - m)`` over those scores; ``acc (..., d)`` (optional) is the sum of
@@ -84,7 +84,7 @@ def _finite(m: Tensor) -> Tensor:
 
 
 def merge_softmax_states(a: SoftmaxState, b: SoftmaxState) -> SoftmaxState:
-    """Combine two partial softmaxes over disjoint parts of the same rows, exactly.
+    """Two partial softmaxes over disjoint parts of the same rows, merged exactly (Chapter 9).
 
     With ``m = max(m_a, m_b)``: ``l = e^(m_a - m) l_a + e^(m_b - m) l_b`` and the same
     rescaling for ``acc``. This is the step that lets a kernel (or several GPU
@@ -218,7 +218,7 @@ def _contain(block: Tensor, allowed: Tensor | None) -> Tensor:
 
 def block_grid(t_q: int, t_k: int, block_q: int, block_k: int, *,
                is_causal: bool = False) -> Tensor:
-    """What the tiled kernel does with each (query block, key block) pair.
+    """What the tiled kernel does with each (query block, key block) pair (Chapter 9).
 
     Returns an int64 tensor of shape ``(ceil(T_q / block_q), ceil(T_k / block_k))``:
     ``0`` = skipped (under the bottom-right causal mask every score of the block
@@ -331,7 +331,7 @@ def tiled_attention(
     dropout_p: float = 0.0,
     bias: Tensor | None = None,
 ) -> Tensor:
-    """Scaled dot-product attention computed block by block, never storing ``(T_q, T_k)``.
+    """Attention computed block by block, never storing ``(T_q, T_k)`` (Chapter 9).
 
     Args:
         q, k, v: ``(..., T_q, d_k)``, ``(..., T_k, d_k)``, ``(..., T_k, d_v)``; batch

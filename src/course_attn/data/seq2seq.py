@@ -75,7 +75,7 @@ _N_SPECIAL = 3
 
 
 class Seq2SeqBatch(NamedTuple):
-    """One padded batch of a :class:`Seq2SeqTask` (layout in :mod:`course_attn.seq2seq`).
+    """One padded batch of a :class:`Seq2SeqTask` (Chapter 8; layout in the module docstring).
 
     ``src (B, T_s)`` long, ``src_attention_mask (B, T_s)`` bool, ``tgt_in (B, T_t)``
     long, ``tgt_out (B, T_t)`` long with ``-1`` on padding, ``tgt_attention_mask
@@ -96,7 +96,7 @@ class Seq2SeqBatch(NamedTuple):
 
 @dataclass(frozen=True)
 class Seq2SeqTask:
-    """Random sequences of ``min_len .. max_len`` symbols out of ``n_symbols``, and an answer.
+    """Sequences of ``min_len .. max_len`` of ``n_symbols`` symbols, and answers (Chapter 8).
 
     A subclass says what the answer is (:meth:`answer`). Both splits are fresh
     random draws from their own generators: ``"val"`` batches are held out in
@@ -174,7 +174,7 @@ def _lengths(src_attention_mask: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class ReverseTask(Seq2SeqTask):
-    """Reverse the real tokens: ``a_1 .. a_L`` -> ``a_L .. a_1`` (padding stays on the right).
+    """Reverse the real tokens, ``a_1 .. a_L`` -> ``a_L .. a_1``; pads stay right (Chapter 8).
 
     Output position ``j`` copies source position ``L - 1 - j``: the learned
     cross-attention of a good model is the anti-diagonal of each row's real block.
@@ -188,7 +188,7 @@ class ReverseTask(Seq2SeqTask):
 
 @dataclass(frozen=True)
 class SortTask(Seq2SeqTask):
-    """Sort the real tokens in ascending order (padding stays on the right)."""
+    """Sort the real tokens in ascending order (padding stays on the right) (Chapter 8)."""
 
     def answer(self, src: Tensor, src_attention_mask: Tensor) -> Tensor:
         big = src.masked_fill(~src_attention_mask, torch.iinfo(torch.long).max)
@@ -208,7 +208,7 @@ def _check_batch(batch: object) -> Seq2SeqBatch:
 
 
 def seq2seq_loss(model: Callable[..., Tensor], batch: Seq2SeqBatch) -> Tensor:
-    """Mean cross-entropy of the next target token over the real target positions.
+    """Mean cross-entropy of the next target token over the real positions (Chapter 8).
 
     ``model`` is an :class:`EncoderDecoder` (or its ``torch.compile`` wrapper);
     it reads ``src`` and ``tgt_in`` with their masks and predicts ``tgt_out``,
@@ -245,7 +245,7 @@ def greedy_answers(model: EncoderDecoder, batch: Seq2SeqBatch, *,
 
 
 def exact_match(predicted: Tensor, batch: Seq2SeqBatch) -> Tensor:
-    """Per example ``(B,)`` bool: all real target tokens (answer and ``EOS``) are right.
+    """Per example ``(B,)`` bool: all real target tokens (answer and ``EOS``) are right (Chapter 8).
 
     Positions where ``batch.tgt_out`` is ``-1`` (after the ``EOS``) are ignored.
     """
@@ -265,7 +265,7 @@ def exact_match_accuracy(model: EncoderDecoder, task: Seq2SeqTask, *, n_batches:
                          batch_size: int = 128, seed: int = 0,
                          device: torch.device | str | None = None,
                          use_cache: bool = True) -> float:
-    """Fraction of ``n_batches * batch_size`` held-out examples decoded entirely right.
+    """Share of ``n_batches * batch_size`` held-out examples decoded all right (Chapter 8).
 
     The ``"val"`` batches come from a generator seeded with ``seed``, so every
     call with one seed scores the same examples; each is greedy-decoded

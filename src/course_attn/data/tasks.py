@@ -75,7 +75,7 @@ class _NextTokenTask:
 
 @dataclass(frozen=True)
 class CopyTask(_NextTokenTask):
-    """Random tokens whose second half repeats the first: ``a_1 .. a_n a_1 .. a_n``.
+    """Random tokens whose second half repeats the first: ``a_1 .. a_n a_1 .. a_n`` (Chapter 11).
 
     Each sequence has ``2 * half_length`` tokens drawn uniformly from
     ``vocab_size`` symbols for the first half; the model reads the first
@@ -138,7 +138,7 @@ class CopyTask(_NextTokenTask):
 
 @dataclass(frozen=True)
 class RecallTask(_NextTokenTask):
-    """Key-value pairs read out in order; a key that comes back brings back its value.
+    """Key-value pairs read out in order; a key that comes back brings back its value (Chapter 11).
 
     Each sequence is ``P = n_pairs`` pairs ``k_1 v_1 k_2 v_2 .. k_P v_P``.
     Keys are ids ``0 .. K-1`` (``K = n_keys``) arranged on a ring: the first

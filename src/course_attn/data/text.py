@@ -143,12 +143,16 @@ class CharTokenizer:
 
 
 def load_text(path: str | os.PathLike[str]) -> str:
-    """Read a UTF-8 text file; a clear error for a missing, empty or binary file."""
+    """Read a UTF-8 text file; a clear error for a missing, empty or binary file (Chapter 11)."""
     if not isinstance(path, str | os.PathLike):
         raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
     file = Path(path)
-    if not file.is_file():
+    if not file.exists():
         raise FileNotFoundError(f"path {str(file)!r} is not an existing file")
+    if not file.is_file():
+        kind = "a folder" if file.is_dir() else "a pipe or a device (not a regular file)"
+        raise ValueError(f"path {str(file)!r} is {kind}: give a text file (save piped text to "
+                         "a file first; a run records the file it trained on, to resume from)")
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
@@ -159,7 +163,7 @@ def load_text(path: str | os.PathLike[str]) -> str:
 
 
 def default_corpus(modules: Sequence[str] = DEFAULT_CORPUS_MODULES) -> str:
-    """The offline default corpus: standard-library source files joined in a fixed order.
+    """The offline default corpus (Chapter 11): standard-library files joined in a fixed order.
 
     Each file is preceded by a ``# ==== name ====`` line. The text depends on
     the Python version (the standard library changes a little between
@@ -197,7 +201,7 @@ def _check_token_ids(data: object, name: str) -> Tensor:
 
 
 def train_val_split(data: Tensor, train_fraction: float = 0.9) -> tuple[Tensor, Tensor]:
-    """Split a 1-D token tensor into its first ``train_fraction`` and the rest (nanoGPT: 90/10).
+    """A 1-D token tensor's first ``train_fraction`` and the rest (Chapter 11; nanoGPT: 90/10).
 
     The split is by position, not random, so validation text is text the model
     has never read.
@@ -208,6 +212,10 @@ def train_val_split(data: Tensor, train_fraction: float = 0.9) -> tuple[Tensor, 
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
     n = int(train_fraction * len(data))
+    if n == 0 or n == len(data):
+        raise ValueError(f"data of {len(data)} token{'s' * (len(data) != 1)} splits into {n} "
+                         f"training and {len(data) - n} validation tokens at train_fraction="
+                         f"{train_fraction}: each part needs at least one; use a longer text")
     return data[:n], data[n:]
 
 
@@ -346,7 +354,7 @@ def download_tiny_shakespeare(
     opener: Callable[..., object] = urllib.request.urlopen,
     timeout: float = 30.0,
 ) -> Path:
-    """Download Tiny Shakespeare into ``cache_dir`` (only when asked) and return its path.
+    """Download Tiny Shakespeare into ``cache_dir``, only when asked; its path (Chapter 11).
 
     A file already in the cache with the right SHA-256 is reused without any
     network access. A download whose SHA-256 differs from ``sha256`` is

@@ -1,9 +1,10 @@
 """Chapter 11's ablation: take a part away from a MiniGPT, and measure its loss part by part.
 
 The chapter trains each row of its ablation table briefly, in the notebook, and
-reads it against the exact floors of :mod:`course_attn.tasks`. The rows that
+reads it against the exact floors of :mod:`course_attn.data.tasks`. The rows that
 need long training are measured once by ``tools/ablation_long_runs.py`` with the
-same functions, and cached in :mod:`course_attn.ablation_runs`.
+same functions, and cached as data in ``ablation_runs.json`` beside this module:
+:data:`LONG_RUNS`.
 
 * :func:`freeze_positions`: a model without positions (its learned table zeroed
   and frozen; nothing else changes);
@@ -15,6 +16,10 @@ same functions, and cached in :mod:`course_attn.ablation_runs`.
 
 from __future__ import annotations
 
+import json
+from importlib import resources
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -23,7 +28,14 @@ from .._validation import check_nonnegative_int, check_positive_int
 from ..data.tasks import CopyTask, RecallTask
 from ..models.gpt import MiniGPT
 
-__all__ = ["freeze_positions", "part_means", "position_losses", "task_parts"]
+__all__ = ["LONG_RUNS", "freeze_positions", "part_means", "position_losses", "task_parts"]
+
+#: The long-trained rows of chapter 11's ablation table, by ``"task, change"``: each with
+#: the task, model and training settings it ran with and its mean losses (nats) overall and
+#: per part (:func:`part_means`). Data, written by ``tools/ablation_long_runs.py``.
+LONG_RUNS: dict[str, dict[str, Any]] = json.loads(
+    resources.files(__package__).joinpath("ablation_runs.json").read_text(encoding="utf-8")
+)["runs"]
 
 
 def _check_task(task: object) -> CopyTask | RecallTask:

@@ -58,7 +58,7 @@ def _check_weights(attn_weights: object, min_ndim: int, shape: str) -> None:
 def offset_attention_score(
     attn_weights: Tensor, offset: int, *, first_query: int | None = None
 ) -> Tensor:
-    """Mean attention weight a query puts on the key ``offset`` positions back.
+    """Mean attention weight a query puts on the key ``offset`` positions back (Chapter 11).
 
     ``attn_weights (..., T, T)`` -> ``(...)``: the mean over queries
     ``t >= first_query`` (default ``offset``) of ``attn_weights[..., t, t - offset]``.

@@ -1,4 +1,4 @@
-"""Measuring a call: memory, time, saved tensors, operators, SDPA kernel (efficient attention).
+"""Measuring a call: memory, time, saved tensors, operators, SDPA kernel (Chapter 9).
 
 :func:`peak_memory_bytes` answers "how many bytes did this call hold at its
 worst, beyond what was already allocated when it started?"

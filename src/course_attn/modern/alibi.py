@@ -44,7 +44,7 @@ def _slopes(n_heads: int) -> list[float]:
 
 def alibi_slopes(n_heads: int, *, device: torch.device | str | None = None,
                  dtype: torch.dtype = torch.float32) -> Tensor:
-    """The per-head slopes ``(n_heads,)`` of ALiBi.
+    """The per-head slopes ``(n_heads,)`` of ALiBi (Chapter 10).
 
     For a power of two ``n`` they are ``2^(-8/n), 2^(-16/n), ..., 2^(-8)``:
     ``1/2, 1/4, ..., 1/256`` for 8 heads. Other head counts follow the paper's
@@ -58,7 +58,7 @@ def alibi_slopes(n_heads: int, *, device: torch.device | str | None = None,
 
 
 def alibi_bias(t_q: int, t_k: int, slopes: Tensor) -> Tensor:
-    """Additive ALiBi bias ``(n_heads, t_q, t_k)``: ``-slope[h] * (query position - key position)``.
+    """ALiBi's bias ``(n_heads, t_q, t_k)``: ``-slope[h] * (query pos - key pos)`` (Chapter 10).
 
     Query ``i`` sits at position ``i + t_k - t_q`` (bottom-right alignment, like
     ``causal_mask``): with a KV cache the new queries are the last positions.

@@ -19,7 +19,7 @@ __all__ = ["check_kv_heads", "grouped_query_attention", "repeat_kv"]
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
-    """``(B, n_kv_heads, T, head_dim)`` -> ``(B, n_kv_heads * n_rep, T, head_dim)``.
+    """``(B, n_kv_heads, T, head_dim)`` -> ``(B, n_kv_heads * n_rep, T, head_dim)`` (Chapter 10).
 
     Each key/value head is repeated ``n_rep`` times *in place* (head ``h`` of
     the result is head ``h // n_rep`` of ``x``), the layout of
@@ -45,7 +45,7 @@ def grouped_query_attention(
     dropout_p: float = 0.0,
     impl: str = "manual",
 ) -> tuple[Tensor, Tensor | None]:
-    """Attention of ``n_heads`` query heads over ``n_kv_heads`` shared key/value heads.
+    """Attention of ``n_heads`` query heads over ``n_kv_heads`` shared key/value heads (Chapter 10).
 
     Args:
         q: ``(B, n_heads, T_q, head_dim)``.

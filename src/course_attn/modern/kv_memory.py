@@ -46,7 +46,7 @@ def kv_cache_bytes(
     batch_size: int = 1,
     dtype: torch.dtype = torch.float32,
 ) -> int:
-    """Bytes of the cache that decoding ``context_length`` tokens of ``batch_size`` sequences keeps.
+    """Bytes a decoding cache keeps for ``context_length`` tokens of a batch (Chapter 10).
 
     Args:
         kind: one of ``KV_CACHE_KINDS`` (see the module's table).

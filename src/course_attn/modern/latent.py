@@ -52,7 +52,7 @@ __all__ = ["LatentKVCache", "MultiHeadLatentAttention"]
 
 
 class LatentKVCache:
-    """The cache of one MLA layer: only the latents ``c (B, T_cache, d_latent)``.
+    """The cache of one MLA layer: only the latents ``c (B, T_cache, d_latent)`` (Chapter 10).
 
     With decoupled RoPE it also keeps the shared rotated keys
     ``k_rope (B, T_cache, d_rope)``; without, ``k_rope`` stays ``None``.
@@ -103,7 +103,7 @@ class LatentKVCache:
 
 
 class MultiHeadLatentAttention(nn.Module):
-    """Causal self-attention whose cache holds a ``d_latent``-wide latent per token.
+    """Causal self-attention whose cache holds a ``d_latent``-wide latent per token (Chapter 10).
 
     Args:
         d_model: model width ``D``.

@@ -42,7 +42,7 @@ FeatureMap = Callable[[Tensor], Tensor]
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
-    """``elu(x) + 1``: positive everywhere (the normaliser never vanishes); ``x + 1`` for x > 0."""
+    """``elu(x) + 1``: positive everywhere, so the normaliser never vanishes (Chapter 10)."""
     check_tensor(x, "x")
     return F.elu(x) + 1.0
 
@@ -64,7 +64,7 @@ def linear_attention(
     feature_map: FeatureMap = elu_feature_map,
     eps: float = 1e-6,
 ) -> tuple[Tensor, Tensor]:
-    """Linear attention, parallel form: ``phi(q) phi(k)^T`` in place of ``softmax(q k^T)``.
+    """Linear attention, parallel form: ``phi(q) phi(k)^T`` for ``softmax(q k^T)`` (Chapter 10).
 
     Args:
         q: ``(..., T_q, d_k)``; k: ``(..., T_k, d_k)``; v: ``(..., T_k, d_v)``.
@@ -104,7 +104,7 @@ def linear_attention(
 
 
 class LinearAttentionState:
-    """The recurrent state of causal linear attention: what replaces the KV cache.
+    """The recurrent state of causal linear attention: what replaces the KV cache (Chapter 10).
 
     ``S (B, H, d_k, d_v)`` is ``sum_j phi(k_j) v_j^T`` and ``z (B, H, d_k)`` is
     ``sum_j phi(k_j)`` over the (real) tokens seen so far; ``length`` counts the
@@ -132,7 +132,7 @@ def linear_attention_recurrent(
     feature_map: FeatureMap = elu_feature_map,
     eps: float = 1e-6,
 ) -> Tensor:
-    """Causal linear attention as an RNN: one token at a time, through the state ``(S, z)``.
+    """Causal linear attention as an RNN, one token at a time through ``(S, z)`` (Chapter 10).
 
     Args:
         q: ``(B, H, T, d_k)``; k: ``(B, H, T, d_k)``; v: ``(B, H, T, d_v)``: the

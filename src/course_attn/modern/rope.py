@@ -122,7 +122,7 @@ def rope_rotation(positions: Tensor, head_dim: int, *, like: Tensor,
 
 
 def apply_rope(x: Tensor, positions: Tensor, *, base: float = ROPE_BASE) -> Tensor:
-    """Rotary position embedding of ``x (..., T, head_dim)`` at integer ``positions``.
+    """Rotary position embedding of ``x (..., T, head_dim)`` at integer ``positions`` (Chapter 10).
 
     Args:
         x: queries or keys, e.g. ``(B, H, T, head_dim)``; ``head_dim`` must be even.

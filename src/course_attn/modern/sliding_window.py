@@ -16,7 +16,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validation import check_bool_mask, check_device, check_positive_int, check_tensor
+from .._validation import (
+    check_bool_mask,
+    check_device,
+    check_positive_int,
+    check_tensor,
+    explain_out_of_memory,
+)
 from ..core.attention import attention
 
 __all__ = ["RollingKVCache", "sliding_window_attention", "sliding_window_mask"]
@@ -24,7 +30,7 @@ __all__ = ["RollingKVCache", "sliding_window_attention", "sliding_window_mask"]
 
 def sliding_window_mask(t_q: int, t_k: int | None = None, *, window: int,
                         device: torch.device | str | None = None) -> Tensor:
-    """Boolean ``(t_q, t_k)`` mask: query ``i`` may attend key ``j`` when ``i - window < j <= i``.
+    """Bool mask ``(t_q, t_k)``: query ``i`` may attend ``j`` if ``i - window < j <= i`` (Ch. 10).
 
     Causal and bottom-right aligned like ``causal_mask``: when ``t_q < t_k`` the
     queries are the last ``t_q`` positions (decoding with a cache), query ``i``
@@ -37,7 +43,8 @@ def sliding_window_mask(t_q: int, t_k: int | None = None, *, window: int,
     device = check_device(device, "device", exists=True)
     query_pos = torch.arange(t_q, device=device).unsqueeze(1) + (t_k - t_q)  # (t_q, 1)
     key_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, t_k)
-    return (key_pos <= query_pos) & (key_pos > query_pos - window)  # (t_q, t_k)
+    with explain_out_of_memory(f"sliding_window_mask(t_q={t_q}, t_k={t_k})", t_q * t_k):
+        return (key_pos <= query_pos) & (key_pos > query_pos - window)  # (t_q, t_k)
 
 
 def sliding_window_attention(
@@ -51,7 +58,7 @@ def sliding_window_attention(
     dropout_p: float = 0.0,
     impl: str = "manual",
 ) -> tuple[Tensor, Tensor | None]:
-    """``attention`` with ``sliding_window_mask(T_q, T_k, window=window)`` ANDed into ``mask``.
+    """``attention`` with ``sliding_window_mask(T_q, T_k, window)`` ANDed into ``mask`` (Ch. 10).
 
     Shapes and the other arguments as in ``attention``: ``q (..., T_q, d_k)``,
     ``k (..., T_k, d_k)``, ``v (..., T_k, d_v)``; ``mask`` boolean broadcastable
@@ -71,7 +78,7 @@ def sliding_window_attention(
 
 
 class RollingKVCache:
-    """A KV cache of ``window`` slots for sliding-window attention (Mistral's rolling buffer).
+    """A KV cache of ``window`` slots: Mistral's rolling buffer (Chapter 10).
 
     Same use as ``layers.KVCache``: a layer projects only the new tokens, calls
     :meth:`update` with their keys and values ``(B, H, T_new, head_dim)`` and

@@ -1,0 +1,124 @@
+"""The gaps found in the doors by trying bad inputs (issue 23), each answered clearly now.
+
+Each was once a raw torch error, a silent wrong result or a message about something
+else; each is now a ``TypeError`` / ``ValueError`` naming the argument. Also: a model
+checks its inputs once per call, and nothing inside a generation loop.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import course_attn._validation as validation
+from course_attn import (
+    CharCorpus,
+    GPTConfig,
+    MiniGPT,
+    MultiHeadAttention,
+    attention,
+    causal_mask,
+    load_text,
+    padding_mask,
+    scaled_dot_product_attention,
+    sliding_window_mask,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("fn", [attention, scaled_dot_product_attention])
+def test_query_key_and_value_on_different_devices(fn):
+    q = torch.randn(1, 3, 4)
+    with pytest.raises(ValueError, match=r"^q, k and v must be on one device, got cpu, meta"):
+        fn(q, q.to("meta"), q)  # once a silent meta result
+    with pytest.raises(ValueError, match=r"must be on one device"):
+        MultiHeadAttention(4, 2)(q, q.to("meta"), q.to("meta"))
+    model = MiniGPT(GPTConfig(vocab_size=5, context_length=4, n_layers=1, n_heads=1,
+                              d_model=4))
+    with pytest.raises(ValueError, match=r"^idx is on meta but the model is on cpu"):
+        model(torch.zeros(1, 3, dtype=torch.long, device="meta"))
+
+
+def test_a_text_too_short_to_split_is_refused_naming_the_parts():
+    with pytest.raises(ValueError, match=r"^data of 1 token splits into 0 training and 1 "
+                                         r"validation tokens"):
+        CharCorpus.from_text("a")  # once an empty training split, without a word
+    corpus = CharCorpus.from_text("ab")
+    assert len(corpus.train_data) == len(corpus.val_data) == 1
+
+
+@pytest.mark.parametrize("make", [
+    lambda: causal_mask(10**6),
+    lambda: sliding_window_mask(10**6, window=3),
+])
+def test_a_mask_too_large_for_memory_says_which_call_and_how_many_bytes(make):
+    with pytest.raises(ValueError, match=r"\(t_q=1000000, t_k=1000000\) needs 1e\+12 bytes"):
+        make()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("make", [
+    lambda: causal_mask(3, device="cuda"),
+    lambda: padding_mask([1, 2], device="cuda:0"),
+    lambda: sliding_window_mask(3, window=2, device="cuda"),
+])
+def test_a_device_this_machine_lacks_is_named(make):
+    with pytest.raises(ValueError, match=r"^device='cuda(:0)?' but no CUDA device is available"):
+        make()  # once an AssertionError from deep inside torch
+
+
+def test_a_pipe_given_as_data_is_refused_for_what_it_is(tmp_path):
+    with pytest.raises(ValueError, match=r"is a folder: give a text file"):
+        load_text(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "course_attn.train", "--data", "/dev/stdin", "--max-iters", "1"],
+        input="some text\n", capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2
+    assert "--data '/dev/stdin'" in result.stderr
+    assert "a pipe or a device (not a regular file)" in result.stderr
+
+
+def _count_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the calls of every check of ``_validation`` wherever it was imported."""
+    counts = {"n": 0}
+    for name in validation.__all__:
+        original = getattr(validation, name)
+        if not name.startswith("check_") or not callable(original):
+            continue
+
+        def counting(*args, _original=original, **kwargs):
+            counts["n"] += 1
+            return _original(*args, **kwargs)
+
+        for module in list(sys.modules.values()):
+            if getattr(module, "__name__", "").startswith("course_attn") and \
+                    getattr(module, name, None) is original:
+                monkeypatch.setattr(module, name, counting)
+    return counts
+
+
+def test_generate_checks_its_arguments_once_not_per_step(monkeypatch):
+    torch.manual_seed(0)
+    model = MiniGPT(GPTConfig(vocab_size=7, context_length=32, n_layers=4, n_heads=2,
+                              d_model=8)).eval()
+    idx = torch.randint(7, (2, 3))
+    counts = _count_checks(monkeypatch)
+    model.generate(idx, 1)
+    one_step = counts["n"]
+    counts["n"] = 0
+    model.generate(idx, 20)
+    assert counts["n"] == one_step > 0  # the door's checks, once, whatever the length
+    counts["n"] = 0
+    model(idx, idx)
+    forward = counts["n"]
+    model.blocks[0](torch.randn(2, 3, 8))  # a block built into a model trusts its parent
+    assert counts["n"] == forward
+    counts["n"] = 0
+    block = type(model.blocks[0])(8, 2)
+    block(torch.randn(2, 3, 8))
+    assert counts["n"] > 0  # a block a reader builds checks its inputs
