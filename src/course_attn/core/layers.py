@@ -43,11 +43,14 @@ from .kv_cache import KVCache
 from .masks import scores_mask
 
 __all__ = [
+    "ACTIVATIONS",
+    "NORMS",
     "FeedForward",
     "MultiHeadAttention",
     "PositionalEncoding",
     "TransformerBlock",
     "TransformerBlocks",
+    "make_norm",
     "merge_heads",
     "sinusoidal_table",
     "split_heads",
@@ -170,11 +173,22 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out), weights if need_weights else None
 
 
+#: The feed-forward networks of :class:`FeedForward`: GELU (GPT-2), ReLU (the 2017 paper),
+#: and SwiGLU, the gated unit of Llama, Mistral and most models since (Shazeer 2020).
+ACTIVATIONS = ("gelu", "relu", "swiglu")
+#: The norms a block can use: LayerNorm, or RMSNorm (Zhang and Sennrich 2019), which only
+#: rescales (no mean subtracted, no bias), as Llama and most models since.
+NORMS = ("layer", "rms")
+
+
 class FeedForward(nn.Module):
     """Position-wise feed-forward network (Chapter 7): widen, non-linearity, project back.
 
     ``(..., D) -> (..., D)``: ``linear2(dropout(act(linear1(x))))``. Attention mixes
-    information *across* positions; this mixes it *within* each position.
+    information *across* positions; this mixes it *within* each position. With
+    ``activation="swiglu"`` ``linear1`` makes two halves of width ``d_ff``, a gate and a
+    value, and ``act`` is ``silu(gate) * value`` (SwiGLU; Llama keeps the parameter count
+    of a GELU network by taking ``d_ff`` near ``8 D / 3``).
     """
 
     check_inputs = True  # see MultiHeadAttention
@@ -184,10 +198,10 @@ class FeedForward(nn.Module):
         super().__init__()
         check_positive_int(d_model, "d_model")
         d_ff = 4 * d_model if d_ff is None else check_positive_int(d_ff, "d_ff")
-        check_choice(activation, "activation", ("gelu", "relu"))
+        self.gated = check_choice(activation, "activation", ACTIVATIONS) == "swiglu"
         check_bool(bias, "bias")
-        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.activation = nn.GELU() if activation == "gelu" else nn.ReLU()
+        self.linear1 = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
+        self.activation = {"gelu": nn.GELU(), "relu": nn.ReLU(), "swiglu": nn.SiLU()}[activation]
         self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
 
@@ -195,7 +209,19 @@ class FeedForward(nn.Module):
         """``x (..., D)`` -> ``(..., D)``. Values are not scanned: NaN stays in its position."""
         if self.check_inputs:
             check_feed_forward_call(self, x)
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (..., D)
+        h = self.linear1(x)  # (..., d_ff), or (..., 2 d_ff) for SwiGLU
+        if self.gated:  # SwiGLU: silu(x W_gate) * (x W_value)
+            gate, value = h.chunk(2, dim=-1)  # each (..., d_ff)
+            return self.linear2(self.dropout(self.activation(gate) * value))  # (..., D)
+        return self.linear2(self.dropout(self.activation(h)))  # (..., D)
+
+
+def make_norm(kind: str, d_model: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:
+    """A LayerNorm (``kind="layer"``) or an RMSNorm (``"rms"``) over ``d_model`` (Chapter 7)."""
+    check_choice(kind, "norm", NORMS)
+    if kind == "rms":  # x / rms(x) * gain: no centring and no bias
+        return nn.RMSNorm(d_model, eps=eps)
+    return nn.LayerNorm(d_model, eps=eps, bias=bias)
 
 
 def sinusoidal_table(context_length: int, d_model: int) -> Tensor:
@@ -252,7 +278,8 @@ class TransformerBlock(nn.Module):
     cross-attention sublayer with ``norm3`` sits between the two.
     Dropout is applied to each sublayer's output before the residual addition.
     ``n_kv_heads``, ``impl`` and ``attention_fn`` go to the attention layers
-    (see :class:`MultiHeadAttention`).
+    (see :class:`MultiHeadAttention`); ``norm`` is one of ``NORMS`` and ``activation`` one
+    of ``ACTIVATIONS`` (RMSNorm and SwiGLU make the block of a 2026 decoder).
     """
 
     check_inputs = True  # see MultiHeadAttention
@@ -261,7 +288,7 @@ class TransformerBlock(nn.Module):
                  dropout: float = 0.0, norm_first: bool = True, cross_attention: bool = False,
                  activation: str = "gelu", bias: bool = True, layer_norm_eps: float = 1e-5,
                  impl: str = "manual", n_kv_heads: int | None = None,
-                 attention_fn: AttentionFunction | None = None) -> None:
+                 attention_fn: AttentionFunction | None = None, norm: str = "layer") -> None:
         super().__init__()
         for name, flag in (("norm_first", norm_first), ("cross_attention", cross_attention),
                            ("bias", bias)):
@@ -273,14 +300,13 @@ class TransformerBlock(nn.Module):
             return MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout, impl=impl,
                                       n_kv_heads=n_kv_heads, attention_fn=attention_fn)
 
-        def norm() -> nn.LayerNorm:
-            return nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-
         self.self_attn = attention()
         self.cross_attn = attention() if cross_attention else None
         self.ff = FeedForward(d_model, d_ff, dropout=dropout, bias=bias, activation=activation)
-        self.norm1, self.norm2 = norm(), norm()
-        self.norm3 = norm() if cross_attention else None
+        self.norm1 = make_norm(norm, d_model, eps=layer_norm_eps, bias=bias)
+        self.norm2 = make_norm(norm, d_model, eps=layer_norm_eps, bias=bias)
+        self.norm3 = (make_norm(norm, d_model, eps=layer_norm_eps, bias=bias)
+                      if cross_attention else None)
         self.dropout = nn.Dropout(dropout)
         trust_children(self)
 

@@ -37,7 +37,14 @@ from .._validation import (
 )
 from ..core.attention import ATTENTION_IMPLS, AttentionFunction
 from ..core.kv_cache import KVCache, new_caches
-from ..core.layers import TransformerBlock, TransformerBlocks, sinusoidal_table
+from ..core.layers import (
+    ACTIVATIONS,
+    NORMS,
+    TransformerBlock,
+    TransformerBlocks,
+    make_norm,
+    sinusoidal_table,
+)
 from ..core.masks import causal_mask
 from ..modern.alibi import alibi_bias, alibi_slopes
 from ..modern.rope import rope_rotation
@@ -72,7 +79,9 @@ class GPTConfig:
     parameter, only a fixed bias per head); ``n_kv_heads`` key/value heads (``None``:
     ``n_heads``; it must divide ``n_heads``) make grouped-query attention, ``1``
     multi-query; ``window`` (``None``: the whole causal context) lets each token
-    attend only to the last ``window`` positions, itself included.
+    attend only to the last ``window`` positions, itself included. ``norm="rms"`` and
+    ``activation="swiglu"`` make the blocks (and the final norm) those of a 2026 decoder
+    (chapter 7): RMSNorm and a SwiGLU feed-forward network.
     """
 
     vocab_size: int
@@ -88,6 +97,8 @@ class GPTConfig:
     pos_encoding: str = "learned"
     n_kv_heads: int | None = None
     window: int | None = None
+    norm: str = "layer"
+    activation: str = "gelu"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "n_layers"):
@@ -107,6 +118,8 @@ class GPTConfig:
             check_bool(getattr(self, name), name)
         check_choice(self.impl, "impl", ATTENTION_IMPLS)
         check_positive_real(self.init_std, "init_std")
+        check_choice(self.norm, "norm", NORMS)
+        check_choice(self.activation, "activation", ACTIVATIONS)
 
 
 def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
@@ -168,9 +181,9 @@ class MiniGPT(nn.Module):
         self.blocks = TransformerBlocks(
             TransformerBlock(c.d_model, c.n_heads, dropout=c.dropout, norm_first=True,
                              bias=c.bias, impl=c.impl, n_kv_heads=c.n_kv_heads,
-                             attention_fn=attention_fn)
+                             attention_fn=attention_fn, norm=c.norm, activation=c.activation)
             for _ in range(c.n_layers))
-        self.norm = nn.LayerNorm(c.d_model, bias=c.bias)
+        self.norm = make_norm(c.norm, c.d_model, bias=c.bias)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:  # one matrix reads tokens in and scores them out (GPT-2, nanoGPT)
             self.lm_head.weight = self.embed.weight
