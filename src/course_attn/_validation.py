@@ -245,7 +245,7 @@ def check_bool_mask(value: object, name: str, target_shape: Sequence[int]) -> Te
     if value.dtype != torch.bool:
         raise TypeError(
             f"{name} must have dtype torch.bool (True = may attend), got {value.dtype}; "
-            "convert additive float masks or inverted masks first (see course_attn.masks)"
+            "convert additive float masks or inverted masks first (see course_attn.core.masks)"
         )
     try:
         shape = torch.broadcast_shapes(value.shape, torch.Size(target_shape))
@@ -314,7 +314,7 @@ def check_sequence(value: object, name: str, *, width: int, batch: int | None = 
 def check_token_ids(value: object, name: str, vocab_size: int, *,
                     shape: Sequence[int] | None = None, ignore_index: int | None = None
                     ) -> Tensor:
-    """Check token ids: a ``torch.long`` tensor ``(B, T)``, ``B, T >= 1``, ids in ``[0, V)``.
+    """Check token ids: a ``torch.long`` tensor ``(B, T)``, ``B, T >= 1``, ids in ``[0, N_vocab)``.
 
     ``shape`` asks for exactly that shape (targets match their inputs);
     ``ignore_index`` is one more allowed value (``-1``: left out of a loss). The

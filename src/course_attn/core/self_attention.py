@@ -7,7 +7,7 @@ It has no parameters at all.
 
 ``SelfAttention`` (Chapter 3) adds the three learned projections ``q_proj``,
 ``k_proj`` and ``v_proj`` and delegates the arithmetic to
-:func:`course_attn.attention.scaled_dot_product_attention` (Chapter 4).
+:func:`course_attn.core.attention.scaled_dot_product_attention` (Chapter 4).
 """
 
 from __future__ import annotations

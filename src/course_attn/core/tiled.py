@@ -351,7 +351,7 @@ def tiled_attention(
             stored in full.
 
     Returns:
-        ``(..., T_q, d_v)``, equal to :func:`~course_attn.attention.scaled_dot_product_attention`
+        ``(..., T_q, d_v)``, equal to chapter 4's ``scaled_dot_product_attention``
         up to round-off, zero for a query with no allowed key. Half-precision inputs
         are computed in float32. Differentiable (backward by recomputation).
     """

@@ -4,7 +4,7 @@ A task draws random token sequences of random lengths and asks for a
 transformation whose right answer is known exactly: :class:`ReverseTask`
 (the tokens in reverse order) or :class:`SortTask` (the tokens in ascending
 order). A batch (:class:`Seq2SeqBatch`) is padded to the task's fixed widths,
-with the masks the :class:`~course_attn.encoder_decoder.EncoderDecoder` takes.
+with the masks the :class:`~course_attn.models.encoder_decoder.EncoderDecoder` takes.
 
 Token ids, shared by the source and the target vocabularies
 (``vocab_size = n_symbols + 3``):
@@ -218,7 +218,7 @@ def seq2seq_loss(model: Callable[..., Tensor], batch: Seq2SeqBatch) -> Tensor:
         raise TypeError(f"model must be an EncoderDecoder, got {type(model).__name__}")
     batch = _check_batch(batch)
     logits = model(batch.src, batch.tgt_in, src_attention_mask=batch.src_attention_mask,
-                   tgt_attention_mask=batch.tgt_attention_mask)  # (B, T_t, V)
+                   tgt_attention_mask=batch.tgt_attention_mask)  # (B, T_t, N_vocab)
     return next_token_loss(logits, batch.tgt_out)
 
 

@@ -81,11 +81,11 @@ class CopyTask(_NextTokenTask):
     ``vocab_size`` symbols for the first half; the model reads the first
     ``2n - 1`` and predicts the next token at every position (``context_length =
     2n - 1`` predictions). The first half is pure noise: nothing predicts
-    ``a_2 .. a_n``, so the best loss there is ``ln V`` each. Every token of the
+    ``a_2 .. a_n``, so the best loss there is ``ln N_vocab`` each. Every token of the
     second half is a copy of a token ``n`` positions back; a model that finds
     it (attention is the only way to look back) pays nothing. Hence
 
-        floor = (n - 1) * ln V / (2n - 1)   nats per predicted token.
+        floor = (n - 1) * ln N_vocab / (2n - 1)   nats per predicted token.
     """
 
     vocab_size: int = 16
@@ -120,7 +120,7 @@ class CopyTask(_NextTokenTask):
         return (n - 1) * math.log(self.vocab_size) / (2 * n - 1)
 
     def position_floor(self) -> Tensor:
-        """Best loss at each predicted position ``(T,)``: ``ln V`` in the first half, else 0."""
+        """Best loss at each predicted position ``(T,)``: ``ln N_vocab``, then 0 when copying."""
         floor = torch.zeros(self.context_length, dtype=torch.float64)
         floor[: self.half_length - 1] = math.log(self.vocab_size)
         return floor
@@ -144,7 +144,7 @@ class RecallTask(_NextTokenTask):
     Keys are ids ``0 .. K-1`` (``K = n_keys``) arranged on a ring: the first
     key is uniform, and each next key is ``max_step`` or fewer steps further
     round (``k_{i+1} = k_i + s mod K`` with ``s`` uniform in ``1 .. R``,
-    ``R = max_step``). Values are ids ``K .. K+V-1`` (``V = n_values``):
+    ``R = max_step``). Values are ids ``K .. K+N_val-1`` (``N_val = n_values``):
     every key gets its own uniformly drawn value for each sequence, the same
     value each time it appears.
 
@@ -154,7 +154,7 @@ class RecallTask(_NextTokenTask):
       the token one step back (the job of a *previous-token head*);
     - reading a key ``k_i``, its value: ``0`` if ``k_i`` appeared earlier in
       the sequence (look up the token after that earlier ``k_i``: an
-      *induction head*), else ``ln V``.
+      *induction head*), else ``ln N_val``.
 
     The walk's steps change from sequence to sequence, so no fixed distance
     points back to the earlier copy of a key; only its content finds it.
@@ -182,7 +182,7 @@ class RecallTask(_NextTokenTask):
 
     @property
     def vocab_size(self) -> int:
-        """Keys and values together: ``K + V`` ids."""
+        """Keys and values together: ``K + N_val`` ids."""
         return self.n_keys + self.n_values
 
     @property

@@ -104,11 +104,11 @@ class CharTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """Number of distinct characters ``V``."""
+        """Number of distinct characters ``N_vocab``."""
         return len(self.chars)
 
     def encode(self, text: str) -> list[int]:
-        """Characters -> token ids (a list of ``len(text)`` ints in ``[0, V)``)."""
+        """Characters -> token ids (a list of ``len(text)`` ints in ``[0, N_vocab)``)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         try:

@@ -68,7 +68,7 @@ def task_parts(task: CopyTask | RecallTask) -> dict[str, Tensor]:
     """The predicted positions of ``task``, grouped by what they ask for (each ``(k,)`` long).
 
     Copy task: ``"noise half"`` (the first ``n - 1`` predictions, best loss
-    ``ln V``) and ``"copied half"`` (the rest, best loss 0). Recall task:
+    ``ln N_vocab``) and ``"copied half"`` (the rest, best loss 0). Recall task:
     ``"keys: value"`` (a key asks for its value: a lookup when the key came
     before) and ``"values: next key"`` (best loss ``ln R``). The parts cover
     every position once.
@@ -102,11 +102,11 @@ def position_losses(model: MiniGPT, task: CopyTask | RecallTask, *, n_sequences:
     was_training = model.training
     model.eval()
     try:
-        logits, _ = model(x.to(next(model.parameters()).device))  # (B, T, V)
+        logits, _ = model(x.to(next(model.parameters()).device))  # (B, T, N_vocab)
     finally:
         model.train(was_training)
     losses = F.cross_entropy(logits.float().cpu().transpose(1, 2), y,
-                             reduction="none")  # (B, V, T) against (B, T) -> (B, T)
+                             reduction="none")  # (B, N_vocab, T) against (B, T) -> (B, T)
     return losses.mean(dim=0)  # (T,)
 
 

@@ -2,7 +2,7 @@
 
 Given a head's weights, :func:`offset_attention_score` measures how much a
 query looks a fixed number of positions back (a previous-token head, or the
-copying pattern on :class:`~course_attn.tasks.CopyTask`), and
+copying pattern on :class:`~course_attn.data.tasks.CopyTask`), and
 :func:`induction_attention_score` how much it looks at the token after an
 earlier copy of its own token (an induction head).
 """

@@ -103,11 +103,11 @@ def decode_step_seconds(model: EncoderDecoder, prefix_len: int, *, use_cache: bo
                 caches = [cache.fork() for cache in filled]  # each step from the same prefix
                 _sync(device)
                 start = time.perf_counter()
-                model.decoder(tgt[:, -1:], memory, caches=caches)  # (B, 1, V_tgt)
+                model.decoder(tgt[:, -1:], memory, caches=caches)  # (B, 1, N_vocab_tgt)
             else:
                 _sync(device)
                 start = time.perf_counter()
-                model.decoder(tgt, memory)[:, -1]  # (B, V_tgt)
+                model.decoder(tgt, memory)[:, -1]  # (B, N_vocab_tgt)
             _sync(device)
             timings.append(time.perf_counter() - start)
     return min(timings[1:])

@@ -191,7 +191,8 @@ def count_ops(fn: Callable[[], object]) -> int:
     """How many PyTorch operators (ATen calls, below autograd) ``fn()`` runs.
 
     A fused kernel is one call; a Python loop over blocks makes several calls
-    per block, each with its own launch and its own pass over memory.
+    per block. On a GPU each is a kernel launch with its own pass over memory; on a
+    CPU each costs microseconds of Python and dispatcher overhead (Chapter 9).
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")

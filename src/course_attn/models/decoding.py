@@ -20,7 +20,7 @@ from ..core.kv_cache import KVCache
 __all__ = ["decode", "pick_next"]
 
 #: ``step(tokens (B, T_in), attention_mask (B, T_cache + T_in) or None, caches or None)``
-#: returns the logits ``(B, T_in, V)`` of the newest tokens.
+#: returns the logits ``(B, T_in, N_vocab)`` of the newest tokens.
 Step = Callable[[Tensor, "Tensor | None", "list[KVCache] | None"], Tensor]
 
 
@@ -36,7 +36,7 @@ def decode(step: Step, tokens: Tensor, attention_mask: Tensor | None, max_new_to
     the last ``context_length`` tokens once the sequence outgrows it; cached keys
     would then carry stale positions, so from there on no cache is used.
     ``attention_mask (B, T)`` marks real tokens (left padding; ``None``: no
-    padding); ``pick`` turns the last position's logits ``(B, V)`` into the next
+    padding); ``pick`` turns the last position's logits ``(B, N_vocab)`` into the next
     ids ``(B, 1)``. A model whose last logits are not finite (a diverged run) is
     reported once, after the loop.
     """
@@ -45,16 +45,16 @@ def decode(step: Step, tokens: Tensor, attention_mask: Tensor | None, max_new_to
     for _ in range(max_new_tokens):
         fits = context_length is None or tokens.shape[1] <= context_length
         if n_layers is not None and fits and caches is not None:
-            logits = step(tokens[:, -1:], attention_mask, caches)  # (B, 1, V)
+            logits = step(tokens[:, -1:], attention_mask, caches)  # (B, 1, N_vocab)
         elif n_layers is not None and fits:
             caches = [KVCache() for _ in range(n_layers)]  # prefill: the whole prompt, once
-            logits = step(tokens, attention_mask, caches)  # (B, T, V)
+            logits = step(tokens, attention_mask, caches)  # (B, T, N_vocab)
         else:
             caches = None  # cropped context: positions shift, recompute it all
             crop = slice(None) if context_length is None else slice(-context_length, None)
             logits = step(tokens[:, crop], None if attention_mask is None
-                          else attention_mask[:, crop], None)  # (B, T, V)
-        next_id = pick(logits[:, -1, :])  # (B, V) -> (B, 1)
+                          else attention_mask[:, crop], None)  # (B, T, N_vocab)
+        next_id = pick(logits[:, -1, :])  # (B, N_vocab) -> (B, 1)
         tokens = torch.cat([tokens, next_id], dim=1)  # (B, T + 1)
         if attention_mask is not None:
             attention_mask = torch.cat(
@@ -69,14 +69,14 @@ def decode(step: Step, tokens: Tensor, attention_mask: Tensor | None, max_new_to
 
 def pick_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
               generator: torch.Generator | None = None) -> Tensor:
-    """The next token from ``logits (B, V)``: argmax, or a tempered top-k sample (Chapter 11).
+    """The next token from ``logits (B, N_vocab)``: argmax, or a tempered top-k sample (Chapter 11).
 
     ``temperature=0`` is greedy decoding. Callers validate the arguments.
     """
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-    logits = logits.float()  # (B, V)
-    scaled = logits / temperature  # (B, V)
+    logits = logits.float()  # (B, N_vocab)
+    scaled = logits / temperature  # (B, N_vocab)
     # A tiny temperature overflows the division (1.0 / 1e-45 = inf, and softmax
     # of inf is NaN). Such rows take softmax()'s route: shift by the row maximum
     # first (every entry <= 0, the best ones 0), then divide by a temperature
@@ -85,11 +85,11 @@ def pick_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None
     info = torch.finfo(torch.float32)
     shifted = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, info.tiny)
     overflowed = ~scaled.amax(dim=-1, keepdim=True).isfinite()  # (B, 1)
-    logits = torch.where(overflowed, shifted, scaled)  # (B, V)
+    logits = torch.where(overflowed, shifted, scaled)  # (B, N_vocab)
     if top_k is not None:
         kth_best = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth_best, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)  # (B, V)
+    probs = torch.softmax(logits, dim=-1)  # (B, N_vocab)
     device = logits.device if generator is None else generator.device
     try:
         next_id = torch.multinomial(probs.to(device), 1, generator=generator)  # (B, 1)

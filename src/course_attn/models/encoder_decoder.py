@@ -150,7 +150,7 @@ class Decoder(nn.Module):
     def forward(self, tgt: Tensor, memory: Tensor, *, tgt_attention_mask: Tensor | None = None,
                 memory_attention_mask: Tensor | None = None,
                 caches: list[KVCache] | None = None) -> Tensor:
-        """Logits ``(B, T_new, V_tgt)`` for the target tokens ``tgt (B, T_new)``.
+        """Logits ``(B, T_new, N_vocab_tgt)`` for the target tokens ``tgt (B, T_new)``.
 
         Args:
             tgt: target token ids; without caches the whole target ``(B, T_t)``.
@@ -175,14 +175,14 @@ class Decoder(nn.Module):
             x = block(x, mask=mask, is_causal=mask is None, memory=memory,
                       memory_attention_mask=memory_attention_mask,
                       cache=None if caches is None else caches[i])  # (B, T_new, D)
-        return self.lm_head(self.norm(x))  # (B, T_new, D) -> (B, T_new, V_tgt)
+        return self.lm_head(self.norm(x))  # (B, T_new, D) -> (B, T_new, N_vocab_tgt)
 
 
 class EncoderDecoder(nn.Module):
     """The 2017 Transformer layout in miniature (Chapter 8): encoder, decoder, LM head.
 
     ``forward(src (B, T_s), tgt (B, T_t), *, src_attention_mask, tgt_attention_mask)
-    -> logits (B, T_t, V_tgt)``. The decoder's cross-attention masks exactly the
+    -> logits (B, T_t, N_vocab_tgt)``. The decoder's cross-attention masks exactly the
     encoder's padded positions: its mask is the source's real-token mask ``(B, T_s)``,
     broadcast over the ``T_t`` queries to ``(B, T_t, T_s)`` inside attention.
     """
@@ -199,7 +199,7 @@ class EncoderDecoder(nn.Module):
 
     def forward(self, src: Tensor, tgt: Tensor, *, src_attention_mask: Tensor | None = None,
                 tgt_attention_mask: Tensor | None = None) -> Tensor:
-        """``src (B, T_s)``, ``tgt (B, T_t)`` token ids -> logits ``(B, T_t, V_tgt)``."""
+        """``src (B, T_s)``, ``tgt (B, T_t)`` token ids -> logits ``(B, T_t, N_vocab_tgt)``."""
         memory = self.encoder(src, src_attention_mask)  # (B, T_s, D); the encoder's door
         return self.decoder(tgt, memory, tgt_attention_mask=tgt_attention_mask,
                             memory_attention_mask=src_attention_mask)  # and the decoder's

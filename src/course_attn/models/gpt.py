@@ -123,15 +123,15 @@ class GPTConfig:
 
 
 def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy of ``logits (B, T, V)`` against ``targets (B, T)``; ``-1`` is left out.
+    """Mean cross-entropy of ``logits (B, T, N_vocab)`` against ``targets (B, T)``, ``-1`` left out.
 
     Computed as (sum of the per-token losses) / max(number of counted targets, 1):
     exactly ``F.cross_entropy(..., ignore_index=-1)`` when a target counts, and
     ``0`` instead of 0/0 = NaN when none does, without reading a tensor value
     (Chapter 11).
     """
-    # Half-precision logits are upcast: log-softmax over V entries needs the range.
-    flat = logits.reshape(-1, logits.shape[-1])  # (B, T, V) -> (B*T, V)
+    # Half-precision logits are upcast: log-softmax over N_vocab entries needs the range.
+    flat = logits.reshape(-1, logits.shape[-1])  # (B, T, N_vocab) -> (B*T, N_vocab)
     if flat.dtype in (torch.float16, torch.bfloat16):
         flat = flat.float()
     flat_targets = targets.reshape(-1)  # (B*T,)
@@ -143,7 +143,7 @@ class MiniGPT(nn.Module):
     """A GPT-style language model built from the course's blocks (Chapter 11).
 
     ``forward(idx, targets=None, *, attention_mask=None, caches=None)`` gives ``(logits
-    (B, T, V), loss or None)`` for token ids ``idx (B, T)``, at most ``context_length``
+    (B, T, N_vocab), loss or None)`` for token ids ``idx (B, T)``, at most ``context_length``
     with the cached ones. ``targets (B, T)``: the next ids (``-1`` and padding left out).
     ``attention_mask (B, T_cache + T)``: ``True`` on real tokens of left-padded rows, whose
     positions count from their first real token, so a row gives the logits it would
@@ -204,7 +204,7 @@ class MiniGPT(nn.Module):
     def forward(self, idx: Tensor, targets: Tensor | None = None, *,
                 attention_mask: Tensor | None = None, caches: list[KVCache] | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """``(logits (B, T, V), loss or None)`` for token ids ``idx (B, T)`` (see the class).
+        """``(logits (B, T, N_vocab), loss or None)`` for token ids ``idx (B, T)`` (see the class).
 
         ``loss`` is :func:`next_token_loss`. ``need_weights``: every block's attention runs
         the manual path and returns its weights, for a forward hook on ``block.self_attn``.
@@ -236,7 +236,7 @@ class MiniGPT(nn.Module):
             x = block(x, mask=mask, is_causal=mask is None, need_weights=need_weights,
                       cache=None if caches is None else caches[i], rotate=rotate,
                       bias=bias)  # (B, T, D)
-        logits = self.lm_head(self.norm(x))  # (B, T, D) @ (D, V) -> (B, T, V)
+        logits = self.lm_head(self.norm(x))  # (B, T, D) @ (D, N_vocab) -> (B, T, N_vocab)
         if targets is None:
             return logits, None
         if attention_mask is not None:  # padding predicts nothing
@@ -283,7 +283,7 @@ class MiniGPT(nn.Module):
                                              use_cache, attention_mask, generator)
 
         def step(tokens: Tensor, mask: Tensor | None, caches: list[KVCache] | None) -> Tensor:
-            return self(tokens, attention_mask=mask, caches=caches)[0]  # (B, T_in, V)
+            return self(tokens, attention_mask=mask, caches=caches)[0]  # (B, T_in, N_vocab)
 
         def pick(logits: Tensor) -> Tensor:
             return pick_next(logits, temperature, top_k, generator)  # (B, 1)

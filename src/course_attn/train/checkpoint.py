@@ -129,7 +129,7 @@ def is_checkpoint(path: Path) -> bool:
 def check_checkpoint_path(path: object, name: str) -> Path:
     """Check, before any work, that ``path`` may receive a checkpoint; return it.
 
-    See :func:`~course_attn._outputs.check_output_path`: an existing file is
+    See :func:`~course_attn.train.outputs.check_output_path`: an existing file is
     overwritten only if it is a checkpoint of this format.
     """
     return check_output_path(path, name, is_ours=is_checkpoint,

@@ -1,11 +1,11 @@
 """The command line of chapter 11's trainer, ``python -m course_attn.train``.
 
 The flags that override a preset are the fields of
-:class:`~course_attn.model.GPTConfig` and :class:`~course_attn.train.TrainConfig`
+:class:`~course_attn.models.gpt.GPTConfig` and :class:`~course_attn.train.TrainConfig`
 listed in :data:`OVERRIDES`: each flag takes its field's name (``--n-layers``
 for ``n_layers``) and type, and the dataclass's own checks judge its value,
 so a wrong value exits with code 2 and the dataclass's message, naming the
-flag. ``--impl`` offers :data:`~course_attn.attention.ATTENTION_IMPLS`.
+flag. ``--impl`` offers :data:`~course_attn.core.attention.ATTENTION_IMPLS`.
 
 Every mistake in the command line, the files or the settings exits with code
 2 before any training where it can be known then, and no work is lost: the

@@ -2,7 +2,7 @@
 
 The peak is the denominator of MFU, model FLOPs utilisation, the share of
 the peak that training achieves; the CPU's speed tells what a preset would
-cost there (:func:`~course_attn.presets.check_preset_device`).
+cost there (:func:`~course_attn.train.presets.check_preset_device`).
 """
 
 from __future__ import annotations

@@ -9,17 +9,17 @@ blocking, and losses are read back only every ``log_interval`` iterations.
 A run stops at its first non-finite loss (:class:`TrainingDiverged`) with the
 last good checkpoint kept.
 
-One loop trains both kinds of model: a :class:`~course_attn.model.MiniGPT` on
+One loop trains both kinds of model: a :class:`~course_attn.models.gpt.MiniGPT` on
 next-token batches (text or a synthetic task), and an
-:class:`~course_attn.encoder_decoder.EncoderDecoder` on a
-:class:`~course_attn.seq2seq.Seq2SeqTask` (chapter 8). What differs is only
+:class:`~course_attn.models.encoder_decoder.EncoderDecoder` on a
+:class:`~course_attn.data.seq2seq.Seq2SeqTask` (chapter 8). What differs is only
 how a batch is drawn and how its loss is computed (``_Objective``).
 
 The trainer's other jobs live beside it, and their public names are
-importable from here too: the checkpoint format (:mod:`course_attn.checkpoint`),
-the rules of resuming (:mod:`course_attn.resume`), the presets and the
-hardware (:mod:`course_attn.presets`, :mod:`course_attn.hardware`), and the
-command line ``python -m course_attn.train`` (:mod:`course_attn.cli`).
+importable from here too: the checkpoint format (:mod:`course_attn.train.checkpoint`),
+the rules of resuming (:mod:`course_attn.train.resume`), the presets and the
+hardware (:mod:`course_attn.train.presets`, :mod:`course_attn.train.hardware`), and the
+command line ``python -m course_attn.train`` (:mod:`course_attn.train.cli`).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def _num_parameters(model: MiniGPT | EncoderDecoder) -> int:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How to train (chapter 11). Model sizes live in :class:`~course_attn.model.GPTConfig`.
+    """How to train (chapter 11). Model sizes live in :class:`~course_attn.models.gpt.GPTConfig`.
 
     The learning rate rises linearly to ``lr`` over ``warmup_iters``, then
     follows a cosine down to ``min_lr`` (default ``lr / 10``) at
@@ -498,7 +498,7 @@ class _Run:
         self.saved_iter: int | None = None  # the last checkpoint this run wrote
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
-        """Continue from a checkpoint that :func:`~course_attn.resume.check_resume` accepted."""
+        """Continue from a checkpoint that :func:`~.resume.check_resume` accepted."""
         history = restore_training_state(
             checkpoint, model=self.model, optimizer=self.optimizer, scaler=self.scaler,
             generator=self.generator, device=self.device)
@@ -679,10 +679,10 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     """Train ``model`` on batches from ``data`` for ``config.max_iters`` iterations.
 
     ``model`` is a :class:`MiniGPT` with next-token ``data`` (a
-    :class:`~course_attn.data.CharCorpus` or a task of :mod:`course_attn.tasks`),
-    or an :class:`EncoderDecoder` with a :class:`~course_attn.seq2seq.Seq2SeqTask`
+    :class:`~course_attn.data.CharCorpus` or a task of :mod:`course_attn.data.tasks`),
+    or an :class:`EncoderDecoder` with a :class:`~course_attn.data.seq2seq.Seq2SeqTask`
     whose vocabulary and lengths fit it; its loss is
-    :func:`~course_attn.seq2seq.seq2seq_loss`, and ``tokens_per_s`` counts its
+    :func:`~course_attn.data.seq2seq.seq2seq_loss`, and ``tokens_per_s`` counts its
     source and target positions, padding included. Checkpoints
     (``checkpoint_path``, ``resume_from``) are for the MiniGPT only; for an
     EncoderDecoder they are a ``ValueError``.
@@ -701,7 +701,7 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     ``max_iters`` may change (not below the checkpoint's iteration) only where
     the learning-rate schedule stays the same: with ``lr_decay_iters`` at the
     iteration where the stored run's schedule ends (its ``lr_decay_iters``,
-    else its ``max_iters``). See :mod:`course_attn.resume`.
+    else its ``max_iters``). See :mod:`course_attn.train.resume`.
 
     ``meta`` (plain data, e.g. the tokenizer's characters) is stored in the
     checkpoint; on resume, the checkpoint's meta is kept and updated with it.

@@ -1,6 +1,6 @@
 """The files a training run writes (chapter 11), written so that no work is ever lost.
 
-A run writes a checkpoint (``--out``, see :mod:`course_attn.checkpoint`) and
+A run writes a checkpoint (``--out``, see :mod:`course_attn.train.checkpoint`) and
 a metrics JSON (``--metrics-out``). Before any training, :func:`check_output_path`
 makes sure each path may receive its file: never a folder, never a file of
 another kind (above all the training text), never a folder where nothing can
