@@ -18,8 +18,10 @@
    written twice, and the second ``const`` is a SyntaxError in the console of every page.
 4. Every figure a cell outputs opens at full size when clicked (a link to the image file,
    added when the page loads): the column shows figures at most 700 px wide.
-5. ``tools/static/course.css``: on a phone, long code lines wrap instead of running off the
-   screen.
+5. ``tools/static/course.css`` and ``course.js``: pages that fit a phone. Code blocks and long
+   formulas scroll inside their own box (a formula's hidden side fades out), long inline code
+   breaks, and the page itself is never wider than the screen (``tests/site_check.py``
+   measures every page at 400 px and 1280 px).
 """
 
 from __future__ import annotations
@@ -133,14 +135,15 @@ def _drop_duplicate_inline_scripts(app: Sphinx, pagename: str, templatename: str
     context["script_files"][:] = unique
 
 
-def _course_css(app: Sphinx, config: Config) -> None:
+def _course_static(app: Sphinx, config: Config) -> None:
     config.html_static_path = [*config.html_static_path,
                                str(Path(__file__).resolve().parent / "static")]
 
 
 def setup(app: Sphinx) -> dict:
-    app.connect("config-inited", _course_css)
+    app.connect("config-inited", _course_static)
     app.add_css_file("course.css")
+    app.add_js_file("course.js", loading_method="defer")
     # After myst-nb registered nb_ipywidgets_js, before it reads it at builder-inited.
     app.connect("config-inited", _use_local_widget_scripts)
     app.connect("html-page-context", _widget_page_scripts)
