@@ -22,6 +22,10 @@
    formulas scroll inside their own box (a formula's hidden side fades out), long inline code
    breaks, and the page itself is never wider than the screen (``tests/site_check.py``
    measures every page at 400 px and 1280 px).
+6. Exercise solutions (code cells tagged ``hide-input``, with ``hide-output`` or as
+   ``hide-cell``) fold behind one toggle titled "Solution" instead of myst-nb's "Show code
+   cell source" and a second "Show code cell output": :class:`SolutionCells` runs just before
+   myst-nb's own fold and folds code and output together where the tags hide both.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ import os
 import posixpath
 from pathlib import Path
 
+from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.errors import ExtensionError
+from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util import logging
 
 logger = logging.getLogger(__name__)
@@ -74,6 +80,38 @@ document.addEventListener("DOMContentLoaded", function () {
     img.style.cursor = "zoom-in";
   });
 });"""
+
+
+SOLUTION_SHOW = "Solution"
+SOLUTION_HIDE = "Hide the solution"
+
+
+class SolutionCells(SphinxPostTransform):
+    """Exercise solutions get one toggle titled "Solution" (CONTRIBUTING.md: a solution is
+    the code cell tagged ``hide-input``; its output, the answer, is tagged ``hide-output``).
+
+    myst-nb reads the tags into ``hide_mode`` and folds the cell in its ``HideInputCells``
+    post-transform (priority 199): "input+output" becomes two folds, "Show code cell
+    source" and "Show code cell output". This transform runs first and turns
+    "input+output" into "all" (one fold over code and output) and titles the fold of every
+    mode that hides the code. Notebooks are not touched.
+    """
+
+    default_priority = 198  # myst_nb.sphinx_.HideInputCells is 199
+    formats = ("html",)
+
+    def run(self, **kwargs: object) -> None:
+        for node in self.document.findall(nodes.container):
+            if node.get("nb_element") != "cell_code":
+                continue
+            mode = node.get("hide_mode")
+            if mode not in {"input", "input+output", "all"}:
+                continue
+            if mode == "input+output":
+                node["hide_mode"] = "all"
+            node["prompt_show"] = SOLUTION_SHOW
+            node["prompt_hide"] = SOLUTION_HIDE
+            node["classes"].append("course-solution")
 
 
 def _in_ci() -> bool:
@@ -144,6 +182,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _course_static)
     app.add_css_file("course.css")
     app.add_js_file("course.js", loading_method="defer")
+    app.add_post_transform(SolutionCells)
     # After myst-nb registered nb_ipywidgets_js, before it reads it at builder-inited.
     app.connect("config-inited", _use_local_widget_scripts)
     app.connect("html-page-context", _widget_page_scripts)
