@@ -26,6 +26,8 @@
    ``hide-cell``) fold behind one toggle titled "Solution" instead of myst-nb's "Show code
    cell source" and a second "Show code cell output": :class:`SolutionCells` runs just before
    myst-nb's own fold and folds code and output together where the tags hide both.
+7. ``tools/static/course_search.js`` on the search page: formulas in the result titles and
+   snippets become plain text instead of TeX source.
 """
 
 from __future__ import annotations
@@ -178,11 +180,18 @@ def _course_static(app: Sphinx, config: Config) -> None:
                                str(Path(__file__).resolve().parent / "static")]
 
 
+def _search_page_script(app: Sphinx, pagename: str, templatename: str, context: dict,
+                        doctree: object) -> None:
+    if pagename == "search":
+        app.add_js_file("course_search.js")
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _course_static)
     app.add_css_file("course.css")
     app.add_js_file("course.js", loading_method="defer")
     app.add_post_transform(SolutionCells)
+    app.connect("html-page-context", _search_page_script)
     # After myst-nb registered nb_ipywidgets_js, before it reads it at builder-inited.
     app.connect("config-inited", _use_local_widget_scripts)
     app.connect("html-page-context", _widget_page_scripts)
