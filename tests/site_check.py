@@ -4,7 +4,10 @@ Used by ``tests/test_site.py``. The site is served from a local ``http.server`` 
 browser may reach that server and nothing else: every other request is aborted and
 recorded. ``check_page`` loads one page, waits for MathJax and the widget manager, and
 returns a :class:`PageReport` whose ``failures()`` lists every problem found, each naming
-the page (and the formula, link, image or widget concerned).
+the page (and the formula, link, image or widget concerned). ``check_layout_pages`` loads
+pages again in a narrow window (a phone, 400 px) for the layout checks only: the page must
+not be wider than the window, no formula may be cut, SVG text must be at least 9 px.
+``check_search`` runs a query on the search page and looks for raw TeX in the results.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import threading
 import urllib.error
 import urllib.parse
@@ -33,11 +37,26 @@ SITE = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "site_screenshots"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 TIMEOUT_MS = 20_000
+WIDE, NARROW = 1280, 400  # px: a laptop and a phone (the theme's layout switches at 960)
+MIN_SVG_TEXT_PX = 9.0
+SOLUTION_SHOW, SOLUTION_HIDE = "Solution", "Hide the solution"  # tools/course_site.py
+# Pages Sphinx writes besides the toc's: the general index and the search page.
+GENERATED_PAGES = ["genindex", "search"]
 SUMMARY_KEY = pytest.StashKey[list]()  # lines tests/conftest.py prints after the run
 
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def cjk_font_installed() -> bool:
+    """Whether fontconfig (which Chromium uses on Linux) knows a font for Chinese."""
+    fc_list = shutil.which("fc-list")
+    if fc_list is None:
+        return False
+    found = subprocess.run([fc_list, ":lang=zh", "family"], capture_output=True, text=True,
+                           check=False)
+    return bool(found.stdout.strip())
 
 
 # ----------------------------------------------------------------------------- the toc
@@ -174,13 +193,29 @@ class PageReport:
     chapter: bool = False
     output_cells: int = 0
     output_images: int = 0
+    # layout, per window width: the page's width, cut formulas, small SVG text
+    page_widths: dict[int, int] = field(default_factory=dict)
+    overflow: list[str] = field(default_factory=list)
+    cut_formulas: list[str] = field(default_factory=list)
+    svg_texts: int = 0
+    smallest_svg_text_px: float | None = None
+    small_svg_text: list[str] = field(default_factory=list)
+    # text: raw TeX in the prose; Chinese glyphs drawn as missing-glyph boxes (kept out of
+    # failures(): without a CJK font the test skips outside CI, see tests/test_site.py)
+    raw_tex: list[str] = field(default_factory=list)
+    cjk_chars: int = 0
+    cjk_missing: list[str] = field(default_factory=list)
+    # exercise solutions: one toggle titled "Solution" hiding what the tags hide
+    solutions: int = 0
+    solution_problems: list[str] = field(default_factory=list)
+    layout_only: bool = False  # check_layout_pages: only the layout was checked
     other: list[str] = field(default_factory=list)
 
     def failures(self) -> list[str]:
         out = [f"{self.page}: {msg}" for msg in self.other]
         if self.status != 200:
             out.append(f"{self.page}: HTTP status {self.status}")
-        if not self.title or not self.heading:
+        if not self.layout_only and (not self.title or not self.heading):
             out.append(f"{self.page}: no rendered title (title={self.title!r}, "
                        f"h1={self.heading!r})")
         for kind, items in [
@@ -192,12 +227,19 @@ class PageReport:
             ("figure", self.figure_problems),
             ("math", self.math_errors),
             ("widget", self.widget_errors),
+            ("page wider than the window", self.overflow),
+            ("formula cut off", self.cut_formulas),
+            (f"SVG text under {MIN_SVG_TEXT_PX:g} px", self.small_svg_text),
+            ("raw TeX in the text", self.raw_tex),
+            ("exercise solution", self.solution_problems),
         ]:
             out += [f"{self.page}: {kind}: {item}" for item in items]
         if self.chapter and self.output_cells == 0:
             out.append(f"{self.page}: chapter page shows no code outputs")
         if self.chapter and self.output_images == 0:
             out.append(f"{self.page}: chapter page shows no figure image")
+        if self.chapter and self.solutions == 0:
+            out.append(f"{self.page}: chapter page shows no exercise solution")
         return out
 
 
@@ -301,11 +343,362 @@ _IMAGES = """() => Array.from(document.images).map(img => ({
     linked: !!img.closest('a.course-figure-link')}))"""
 
 
+# Layout at the current window width, after MathJax and the web fonts, with every <details>
+# opened (a folded solution is part of the page too):
+# - the document may not be wider than the window; if it is, the innermost elements that
+#   stick out (and are not inside a box that clips or scrolls them) are named;
+# - a formula is cut when its MathJax content reaches past a box that clips it (overflow
+#   hidden) without a scroll box in between; a scroll box must itself fit the clipping boxes
+#   around it, and the last clipping box is the window (formulas in hidden or fixed-position
+#   boxes, such as the theme's closed sidebar drawers on a phone, are left out);
+# - SVG text (inline <svg>, and <img> of an .svg file, redrawn off-screen at the image's
+#   size): the rendered font size of each <text> (computed size x the scale of its screen
+#   transform), and matplotlib's text drawn as paths (svg.fonttype "path": a group
+#   "text_N" scaled by fontsize / 100, matplotlib.textpath.FONT_SCALE). PNG text cannot be
+#   measured.
+_LAYOUT = r"""async (minPx) => {
+  if (document.fonts) await document.fonts.ready;
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const root = document.documentElement, vw = root.clientWidth;
+  const out = {width: root.scrollWidth, viewport: vw, widest: [], cut: [], texts: [], images: 0};
+  const describe = el => {
+    const cls = (el.getAttribute('class') || '').trim().split(/\s+/).slice(0, 2).join('.');
+    const text = (el.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 60);
+    return el.tagName.toLowerCase() + (cls ? '.' + cls : '') + (text ? ` "${text}"` : '');
+  };
+  const clipsX = el => getComputedStyle(el).overflowX !== 'visible';
+  const texOf = new Map();
+  if (window.MathJax && MathJax.startup && MathJax.startup.document) {
+    for (const item of MathJax.startup.document.math) {
+      texOf.set(item.typesetRoot, String(item.math));
+    }
+  }
+  const offCanvas = el => {  // in a fixed drawer (the theme's sidebars on a phone)
+    for (let p = el.parentElement; p && p !== document.body; p = p.parentElement) {
+      if (getComputedStyle(p).position === 'fixed') return true;
+    }
+    return false;
+  };
+  const scrollsX = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+  if (root.scrollWidth > vw) {
+    const sticking = [];
+    for (const el of document.body.querySelectorAll('*')) {
+      const r = el.getBoundingClientRect();
+      if (r.width === 0 || r.right <= vw + 1) continue;
+      let hidden = getComputedStyle(el).visibility === 'hidden';
+      for (let p = el.parentElement; p && p !== document.body && !hidden; p = p.parentElement) {
+        const s = getComputedStyle(p);
+        if (s.position === 'fixed') hidden = true;
+        else if (clipsX(p) && p.getBoundingClientRect().right <= vw + 1) hidden = true;
+      }
+      if (!hidden) sticking.push(el);
+      if (sticking.length > 400) break;
+    }
+    const leaves = sticking.filter(el => !sticking.some(o => o !== el && el.contains(o)));
+    const right = el => Math.round(el.getBoundingClientRect().right);
+    out.widest = leaves.sort((a, b) => right(b) - right(a)).slice(0, 3)
+        .map(el => `${describe(el)} reaches ${right(el)} px`);
+  }
+  for (const box of document.querySelectorAll('mjx-container')) {
+    const content = box.querySelector('mjx-math') || box;
+    let r = content.getBoundingClientRect();
+    const hidden = !box.checkVisibility({visibilityProperty: true}) || offCanvas(box);
+    if (r.width === 0 || hidden) continue;
+    let cut = null;
+    for (let el = box; el && el !== root && !cut; el = el.parentElement) {
+      if (!clipsX(el)) continue;
+      const b = el.getBoundingClientRect();
+      const inside = r.left >= b.left - 1 && r.right <= b.right + 1;
+      if (scrollsX(el)) r = b;  // what does not fit scrolls; the box itself must fit
+      else if (!inside) {
+        cut = `${Math.round(r.width)} px of formula in a ${Math.round(b.width)} px box ` +
+              `that clips it (${describe(el).split(' ')[0]})`;
+      }
+    }
+    if (!cut && (r.right > vw + 1 || r.left < -1)) {
+      cut = `reaches past the window (${Math.round(r.left)} to ${Math.round(r.right)} px of ${vw})`;
+    }
+    if (cut) {
+      const tex = texOf.get(box) || box.textContent;
+      out.cut.push(`${cut}: ${tex.replace(/\s+/g, ' ').trim().slice(0, 80)}`);
+    }
+  }
+  const scale = m => Math.sqrt(Math.abs(m.a * m.d - m.b * m.c));
+  const measure = (svgRoot, where) => {
+    for (const t of svgRoot.querySelectorAll('text')) {
+      const ctm = t.getScreenCTM(), label = t.textContent.replace(/\s+/g, ' ').trim();
+      if (!ctm || !label) continue;
+      const px = parseFloat(getComputedStyle(t).fontSize) * scale(ctm);
+      out.texts.push({px, where, label: label.slice(0, 40)});
+    }
+    for (const g of svgRoot.querySelectorAll('g[id^="text_"] > g[transform*="scale("]')) {
+      const ctm = g.getScreenCTM();
+      if (!ctm) continue;
+      let label = '';
+      for (const n of g.parentElement.childNodes) {
+        if (n.nodeType === Node.COMMENT_NODE) { label = n.textContent.trim(); break; }
+      }
+      out.texts.push({px: 100 * scale(ctm), where, label: label.slice(0, 40)});
+    }
+  };
+  document.querySelectorAll('svg').forEach((svg, i) => {
+    const r = svg.getBoundingClientRect();
+    if (r.width > 0 && r.height > 0 && svg.querySelector('text, g[id^="text_"]')) {
+      measure(svg, `inline svg ${i + 1}`);
+    }
+  });
+  const shelf = document.createElement('div');
+  shelf.style.cssText = 'position:absolute; left:-20000px; top:0; visibility:hidden';
+  document.body.appendChild(shelf);
+  for (const img of Array.from(document.images)) {
+    const url = img.currentSrc || img.src, r = img.getBoundingClientRect();
+    if (!/\.svg(?:[?#]|$)|^data:image\/svg/i.test(url) || r.width === 0) continue;
+    let svgText = '';
+    try { svgText = await (await fetch(url)).text(); } catch (e) { continue; }
+    const doc = new DOMParser().parseFromString(svgText, 'image/svg+xml');
+    const svg = doc.documentElement;
+    if (svg.tagName.toLowerCase() !== 'svg') continue;
+    if (!svg.getAttribute('viewBox')) {
+      const w = parseFloat(svg.getAttribute('width')), h = parseFloat(svg.getAttribute('height'));
+      if (!(w > 0 && h > 0)) continue;  // no size of its own: the image decides, cannot measure
+      svg.setAttribute('viewBox', `0 0 ${w} ${h}`);
+    }
+    svg.setAttribute('width', r.width);
+    svg.setAttribute('height', r.height);
+    shelf.replaceChildren(document.importNode(svg, true));
+    out.images += 1;
+    measure(shelf.firstElementChild, url.split('/').pop().slice(0, 40));
+  }
+  shelf.remove();
+  return out;
+}"""
+
+# Chinese characters of the page drawn with the page's own font on a canvas (the same font
+# fallback as the text): a character is a missing-glyph box ("tofu") when its drawing is
+# blank, equals the drawing of an unassigned code point (U+0378), or equals the drawing of
+# another Chinese character (real glyphs of different characters never coincide).
+_CJK = r"""async () => {
+  if (document.fonts) await document.fonts.ready;
+  const han = /\p{Script=Han}/u, chars = new Map();
+  const main = document.querySelector('main') || document.body;
+  const walker = document.createTreeWalker(main, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (node.parentElement.closest('script, style')) continue;
+    for (const c of node.nodeValue) {
+      if (han.test(c) && !chars.has(c) && chars.size < 80) {
+        const s = getComputedStyle(node.parentElement);
+        chars.set(c, `${s.fontStyle} ${s.fontWeight} 32px ${s.fontFamily}`);
+      }
+    }
+  }
+  const canvas = document.createElement('canvas');
+  canvas.width = canvas.height = 48;
+  const ctx = canvas.getContext('2d', {willReadFrequently: true});
+  const draw = (text, font) => {
+    ctx.clearRect(0, 0, 48, 48);
+    ctx.font = font;
+    ctx.fillStyle = '#000';
+    ctx.fillText(text, 4, 38);
+    const data = ctx.getImageData(0, 0, 48, 48).data;
+    let ink = 0, hash = 0;
+    for (let i = 3; i < data.length; i += 4) { ink += data[i]; hash = (hash * 31 + data[i]) | 0; }
+    return ink === 0 ? 'blank' : `${hash}:${ink}`;
+  };
+  const drawings = new Map(), tofu = new Map(), missing = [];
+  for (const [c, font] of chars) {
+    if (!tofu.has(font)) tofu.set(font, draw('\u0378', font));
+    const d = draw(c, font);
+    if (d === 'blank' || d === tofu.get(font)) missing.push(c);
+    drawings.set(d, [...(drawings.get(d) || []), c]);
+  }
+  for (const same of drawings.values()) {
+    if (same.length > 1) missing.push(...same.filter(c => !missing.includes(c)));
+  }
+  return {checked: chars.size, missing};
+}"""
+
+# Raw TeX left in the visible text outside code and formulas: a control sequence (\\sqrt,
+# \\"o, \\&), a $...$ pair, or {\\ (a BibTeX accent). "--" is typography, not raw TeX.
+_RAW_TEX_RE = r"""/\\[A-Za-z]+|\\[&%$#_{}"'`^~]|\$[^$\s][^$]*\$|\{\\/"""
+_RAW_TEX = r"""() => {
+  const RAW = """ + _RAW_TEX_RE + r""", out = [];
+  const skip = 'pre, code, kbd, samp, script, style, textarea, mjx-container, .math, .highlight';
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const m = node.nodeValue.match(RAW);
+    const parent = node.parentElement;
+    if (!m || parent.closest(skip) || !parent.getClientRects().length) continue;
+    const at = m.index, text = node.nodeValue;
+    out.push(text.slice(Math.max(0, at - 40), at + 40).replace(/\s+/g, ' ').trim());
+  }
+  return out;
+}"""
+
+# Every exercise solution (a cell tagged hide-input or hide-cell) has one toggle that reads
+# "Solution", closed on arrival, hiding the code, and the output too where the cell is also
+# tagged hide-output (or hide-cell); a click shows them and the toggle reads "Hide the
+# solution"; a second click folds it again.
+_SOLUTIONS = r"""([show, hide]) => {
+  const out = {solutions: 0, problems: []};
+  // a closed <details> keeps its content laid out (content-visibility: hidden), so rects
+  // alone do not tell; checkVisibility() does
+  const shown = el => !!el && el.checkVisibility() && el.getBoundingClientRect().height > 0;
+  const say = JSON.stringify;
+  const cells = document.querySelectorAll('div.cell.tag_hide-input, div.cell.tag_hide-cell');
+  cells.forEach((cell, i) => {
+    out.solutions += 1;
+    const name = `solution ${i + 1} of ${cells.length}`;
+    const folds = cell.querySelectorAll(':scope > details');
+    if (folds.length !== 1) out.problems.push(`${name}: ${folds.length} toggles, expected one`);
+    if (!folds.length) return;
+    const fold = folds[0], summary = fold.querySelector(':scope > summary');
+    const hidesOutput = cell.matches('.tag_hide-output, .tag_hide-cell');
+    const code = cell.querySelector('.cell_input'), output = cell.querySelector('.cell_output');
+    const label = summary ? summary.innerText.trim() : '';
+    if (label !== show) out.problems.push(`${name}: the toggle reads ${say(label)}, not ${show}`);
+    if (fold.open || shown(code)) out.problems.push(`${name}: the code shows before a click`);
+    if (hidesOutput && shown(output)) {
+      out.problems.push(`${name}: the output (the answer) shows before a click`);
+    }
+    if (!summary) return;
+    summary.click();
+    if (!shown(code)) out.problems.push(`${name}: a click does not show the code`);
+    if (hidesOutput && output && !shown(output)) {
+      out.problems.push(`${name}: a click does not show the output`);
+    }
+    const open = summary.innerText.trim();
+    if (open !== hide) out.problems.push(`${name}: open, it reads ${say(open)}, not ${hide}`);
+    summary.click();
+    if (fold.open) out.problems.push(`${name}: a second click does not fold it again`);
+  });
+  return out;
+}"""
+
+# The search page once every result has its snippet; then the text of each result (title
+# and snippet) and the titles Search will list from searchindex.js.
+_SEARCH_DONE = """() => {
+  const status = document.querySelector('#search-results .search-summary');
+  const items = Array.from(document.querySelectorAll('#search-results ul.search > li'));
+  return !!status && status.textContent.trim() !== '' &&
+      items.every(li => li.querySelector('p.context, span'));
+}"""
+_SEARCH_RESULTS = r"""() => {
+  const RAW = """ + _RAW_TEX_RE + r""";
+  const items = Array.from(document.querySelectorAll('#search-results ul.search > li'));
+  const index = (typeof Search !== 'undefined' && Search._index) || {};
+  const titles = [...(index.titles || []), ...Object.keys(index.alltitles || {}),
+                  ...Object.keys(index.indexentries || {})];
+  return {results: items.length, snippets: items.filter(li => li.querySelector('p.context')).length,
+          raw: items.map(li => li.innerText.replace(/\s+/g, ' ').trim()).filter(t => RAW.test(t)),
+          raw_titles: titles.filter(t => RAW.test(t))};
+}"""
+
+
 def _check_figure(src: str, image: dict, report: PageReport) -> None:
     """A figure a cell printed: it opens at full size on click (tools/course_site.py)."""
     name = src.rsplit("/", 1)[-1][:16]
     if not image["linked"]:
         report.figure_problems.append(f"{name}... does not open at full size on click")
+
+
+def _check_layout(page, report: PageReport, width: int) -> None:
+    """Page width, cut formulas and SVG text size at the window's current ``width``."""
+    result = page.evaluate(_LAYOUT, MIN_SVG_TEXT_PX)
+    at = f"at {width} px"
+    report.page_widths[width] = result["width"]
+    if result["width"] > result["viewport"]:
+        report.overflow.append(f"{at} the page is {result['width']} px wide: "
+                               + "; ".join(result["widest"]))
+    report.cut_formulas += [f"{at}: {cut}" for cut in result["cut"]]
+    texts = result["texts"]
+    report.svg_texts += len(texts)
+    if texts:
+        smallest = min(text["px"] for text in texts)
+        previous = report.smallest_svg_text_px
+        report.smallest_svg_text_px = smallest if previous is None else min(previous, smallest)
+    report.small_svg_text += [f"{at}: {text['where']}: {text['label']!r} is "
+                              f"{text['px']:.1f} px" for text in texts
+                              if text["px"] < MIN_SVG_TEXT_PX]
+
+
+def _check_text(page, report: PageReport) -> None:
+    report.raw_tex += page.evaluate(_RAW_TEX)
+    cjk = page.evaluate(_CJK)
+    report.cjk_chars = cjk["checked"]
+    report.cjk_missing = cjk["missing"]
+
+
+def _check_solutions(page, report: PageReport) -> None:
+    result = page.evaluate(_SOLUTIONS, [SOLUTION_SHOW, SOLUTION_HIDE])
+    report.solutions = result["solutions"]
+    report.solution_problems += result["problems"]
+
+
+def _settle(page) -> None:
+    """MathJax has typeset, web fonts and images have loaded."""
+    page.wait_for_function(_WAIT_MATHJAX, timeout=TIMEOUT_MS)
+    page.evaluate("""async () => {
+      const mj = window.MathJax;
+      if (mj && mj.startup && mj.startup.promise) await mj.startup.promise;
+      if (document.fonts) await document.fonts.ready;
+    }""")
+    page.evaluate(_COLLECT)  # lazy images load now
+    page.wait_for_function("() => Array.from(document.images).every(i => i.complete)",
+                           timeout=TIMEOUT_MS)
+
+
+def check_layout_pages(context, base_url: str, page_paths: list[str], width: int,
+                       parallel: int = 2) -> dict[str, PageReport]:
+    """Load each page in ``context`` (whose window is ``width`` px wide) for the layout
+    checks only (everything else about a page does not depend on the window), ``parallel``
+    pages loading at a time: a page spends most of its load in its own renderer process."""
+    reports: dict[str, PageReport] = {}
+    waiting, loading = list(page_paths), []
+
+    def start(path: str) -> tuple:
+        report = PageReport(page=path, layout_only=True)
+        page = context.new_page()
+        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(base_url)
+                   else r.abort())
+        try:
+            response = page.goto(base_url + path, wait_until="commit", timeout=TIMEOUT_MS)
+            report.status = response.status if response else None
+        except Exception as err:
+            report.other.append(f"{type(err).__name__}: {str(err).splitlines()[0]}")
+        return page, report
+
+    while waiting or loading:
+        while waiting and len(loading) < parallel:
+            loading.append(start(waiting.pop(0)))
+        page, report = loading.pop(0)
+        try:
+            if not report.other:
+                page.wait_for_load_state("load", timeout=TIMEOUT_MS)
+                _settle(page)
+                _check_layout(page, report, width)
+        except Exception as err:
+            report.other.append(f"{type(err).__name__}: {str(err).splitlines()[0]}")
+        finally:
+            page.close()
+        reports[report.page] = report
+    return reports
+
+
+def check_search(context, base_url: str, query: str) -> dict:
+    """Search the site for ``query``: how many results and snippets, and those (and the
+    titles of the search index) that show raw TeX."""
+    page = context.new_page()
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(base_url)
+               else r.abort())
+    try:
+        page.goto(f"{base_url}search.html?q={urllib.parse.quote(query)}", wait_until="load",
+                  timeout=TIMEOUT_MS)
+        page.wait_for_function(_SEARCH_DONE, timeout=TIMEOUT_MS)
+        return page.evaluate(_SEARCH_RESULTS)
+    finally:
+        page.close()
 
 
 def _ids_in(html: str) -> set[str]:
@@ -370,6 +763,9 @@ def check_page(context, base_url: str, page_path: str, *, chapter: bool = False,
         if screenshot is not None:
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(screenshot), full_page=True)
+        _check_solutions(page, report)
+        _check_text(page, report)
+        _check_layout(page, report, page.viewport_size["width"] if page.viewport_size else 0)
     except Exception as err:  # a timeout or a crash is a finding about this page
         report.other.append(f"{type(err).__name__}: {str(err).splitlines()[0]}")
     finally:

@@ -1,9 +1,12 @@
 """The built site in a real headless Chromium, offline (``make site``, after ``make html``).
 
-Every page of ``_toc.yml`` is served from ``_build/html`` on 127.0.0.1 and loaded in
-Debian's Chromium; any request to another host is aborted and counted as a failure. See
+Every page of ``_toc.yml``, the general index and the search page are served from
+``_build/html`` on 127.0.0.1 and loaded in Debian's Chromium, once in a 1280 px window (every
+check) and once in a 400 px one (a phone: the layout checks); any request to another host is
+aborted and counted as a failure. A few searches look for raw TeX in the results. See
 ``tests/site_check.py`` for what is checked on each page. Without Chromium (or without a
-built site) the tests skip, except with ``CI=true``, where they fail.
+built site) the tests skip, except with ``CI=true``, where they fail; so does the check of
+the Chinese glyphs without a CJK font (Debian: fonts-noto-cjk).
 """
 
 from __future__ import annotations
@@ -18,9 +21,14 @@ import pytest
 import site_check as sc
 
 pytestmark = pytest.mark.site
+SEARCH_KEY = pytest.StashKey[dict]()
 
 DOCS = sc.toc_files()
 CHAPTERS = [doc for doc in DOCS if sc.notebook_source(doc) is not None]
+PAGES = DOCS + sc.GENERATED_PAGES  # every page of the built site
+GLOSSARY = "book/glossary"
+# Queries whose results quote formulas (the search page shows page text around the match).
+SEARCHES = ["sqrt", "softmax", "building the mask before softmax"]
 
 
 def _unavailable(reason: str) -> None:
@@ -53,20 +61,35 @@ def site() -> Path:
 
 @pytest.fixture(scope="module")
 def crawl(browser, site, pytestconfig) -> dict[str, sc.PageReport]:
-    """Every toc page (and index.html) checked once; a summary goes to the terminal."""
+    """Every page (and index.html) checked once at 1280 px, again at 400 px for the layout
+    (reports "<page>@400"), a few searches (reports "search?q=..."); a summary goes to the
+    terminal."""
     reports: dict[str, sc.PageReport] = {}
+    searches: dict[str, dict] = {}
     with sc.serve(site) as base:
-        context = browser.new_context(service_workers="block")
+        context = browser.new_context(service_workers="block",
+                                      viewport={"width": sc.WIDE, "height": 800})
         cache: dict[str, tuple[int, str]] = {}
-        for doc in DOCS:
+        for doc in PAGES:
             shot = sc.SHOTS / "chapter01.png" if CHAPTERS and doc == CHAPTERS[0] else None
             reports[doc] = sc.check_page(context, base, f"{doc}.html", cache=cache,
                                          chapter=doc in CHAPTERS, screenshot=shot)
         reports["index"] = sc.check_page(context, base, "index.html", cache=cache,
                                          redirect_to=f"{DOCS[0]}.html",
                                          screenshot=sc.SHOTS / "index.png")
+        for query in SEARCHES:
+            searches[query] = sc.check_search(context, base, query)
         context.close()
-    pages = [reports[doc] for doc in DOCS]
+        phone = browser.new_context(service_workers="block",
+                                    viewport={"width": sc.NARROW, "height": 800})
+        narrow_reports = sc.check_layout_pages(phone, base, [f"{doc}.html" for doc in PAGES],
+                                               sc.NARROW)
+        reports.update({f"{doc}@{sc.NARROW}": narrow_reports[f"{doc}.html"] for doc in PAGES})
+        phone.close()
+    pytestconfig.stash[SEARCH_KEY] = searches
+    pages = [reports[doc] for doc in PAGES]
+    narrow = [reports[f"{doc}@{sc.NARROW}"] for doc in PAGES]
+    svg = [r for r in pages + narrow if r.smallest_svg_text_px is not None]
     sizes = {name: sc.tree_size(site / "_static" / name) for name in ("mathjax", "widgets")}
     summary = {
         "pages": len(pages),
@@ -78,6 +101,13 @@ def crawl(browser, site, pytestconfig) -> dict[str, sc.PageReport]:
         "failures": sum(len(r.failures()) for r in reports.values()),
         "local_asset_bytes": sizes,
         "site_bytes": sc.tree_size(site),
+        "widest_page_px": {width: max(r.page_widths.get(width, 0) for r in pages + narrow)
+                           for width in (sc.WIDE, sc.NARROW)},
+        "svg_texts": sum(r.svg_texts for r in pages + narrow),
+        "smallest_svg_text_px": min((r.smallest_svg_text_px for r in svg), default=None),
+        "chinese_characters_checked": reports[GLOSSARY].cjk_chars if GLOSSARY in reports
+        else 0,
+        "search_results": {q: s["results"] for q, s in searches.items()},
     }
     (sc.ROOT / "_build" / "site_report.json").write_text(json.dumps(
         {"summary": summary, "pages": {doc: vars(r) for doc, r in reports.items()}}, indent=1))
@@ -86,6 +116,13 @@ def crawl(browser, site, pytestconfig) -> dict[str, sc.PageReport]:
         f"{summary['formulas']} formulas, {summary['widgets']} widgets, "
         f"{summary['internal_links']} internal links, {summary['images']} images checked; "
         f"{summary['failures']} failures",
+        f"layout: widest page {summary['widest_page_px'][sc.WIDE]} px in a {sc.WIDE} px "
+        f"window, {summary['widest_page_px'][sc.NARROW]} px in a {sc.NARROW} px one; "
+        f"{summary['svg_texts']} SVG texts measured"
+        + (f", the smallest {summary['smallest_svg_text_px']:.1f} px"
+           if summary["smallest_svg_text_px"] is not None else "")
+        + f"; {summary['chinese_characters_checked']} Chinese characters of the glossary "
+        f"checked for missing glyphs",
         f"local assets in _build/html/_static: MathJax {sizes['mathjax'] / 1e6:.1f} MB, "
         f"widget scripts {sizes['widgets'] / 1e6:.1f} MB "
         f"(whole site {summary['site_bytes'] / 1e6:.1f} MB); details in _build/site_report.json",
@@ -93,12 +130,49 @@ def crawl(browser, site, pytestconfig) -> dict[str, sc.PageReport]:
     return reports
 
 
-@pytest.mark.parametrize("doc", DOCS)
+@pytest.mark.parametrize("doc", PAGES)
 def test_page_renders_offline(crawl, doc):
     """HTTP 200, a title, links, images, math, widgets, outputs; no failed, foreign or
-    erroring request; no console error."""
+    erroring request; no console error; at 1280 px: no wider than the window, no formula
+    cut, no SVG text under 9 px, no raw TeX in the text; exercise solutions behind one
+    "Solution" toggle."""
     failures = crawl[doc].failures()
     assert not failures, f"{len(failures)} problem(s):\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("doc", PAGES)
+def test_page_fits_a_phone(crawl, doc):
+    """At 400 px: the page is no wider than the window, every formula is whole or scrolls in
+    its own box, SVG text is at least 9 px."""
+    report = crawl[f"{doc}@{sc.NARROW}"]
+    failures = report.failures()
+    assert not failures, f"{len(failures)} problem(s):\n" + "\n".join(failures)
+    assert report.page_widths.get(sc.NARROW) == sc.NARROW, report.page_widths
+
+
+def test_chinese_glossary_terms_are_drawn_not_boxes(crawl):
+    """The glossary's Chinese terms are drawn with real glyphs, not missing-glyph boxes."""
+    report = crawl[GLOSSARY]
+    assert report.cjk_chars >= 20, (
+        f"{GLOSSARY}.html: only {report.cjk_chars} Chinese characters found on the page")
+    if report.cjk_missing and not sc.cjk_font_installed():
+        _unavailable("no CJK font, Chinese text is drawn as boxes "
+                     "(Debian/Ubuntu: apt-get install fonts-noto-cjk)")
+    assert not report.cjk_missing, (
+        f"{GLOSSARY}.html: {len(report.cjk_missing)} of {report.cjk_chars} Chinese characters "
+        f"are drawn as missing-glyph boxes: {''.join(report.cjk_missing[:20])}")
+
+
+@pytest.mark.parametrize("query", SEARCHES)
+def test_search_results_show_no_raw_tex(crawl, pytestconfig, query):
+    """The search page's titles and snippets show formulas as text, not TeX source."""
+    result = pytestconfig.stash[SEARCH_KEY][query]
+    assert result["results"] > 0 and result["snippets"] > 0, (
+        f"search for {query!r}: {result['results']} results, {result['snippets']} snippets")
+    assert not result["raw"], (f"search for {query!r} shows raw TeX in "
+                               f"{len(result['raw'])} result(s):\n" + "\n".join(result["raw"]))
+    assert not result["raw_titles"], ("the search index lists titles with raw TeX: "
+                                      + "; ".join(result["raw_titles"]))
 
 
 def test_index_redirects_to_the_first_page(crawl):
@@ -147,25 +221,41 @@ _INJECTED = {
 }
 
 
-def test_checker_reports_broken_math_with_page_and_formula(browser, site, tmp_path):
-    """Break a copy of a built page on purpose: the checker must name page and formula."""
+@pytest.fixture(scope="module")
+def broken(browser, site, tmp_path_factory) -> tuple[str, sc.PageReport, sc.PageReport]:
+    """A copy of the site with one page (the first with math) broken on purpose by
+    ``_INJECTED`` and ``_LAYOUT_INJECTED`` (defined below), checked at 1280 px and, for the
+    layout, at 400 px."""
     target = next((doc for doc in CHAPTERS + DOCS
                    if 'class="math notranslate nohighlight"' in
                    (site / f"{doc}.html").read_text(encoding="utf-8")), None)
     assert target is not None, "no page of the site has math to break"
-    copy = tmp_path / "html"
+    copy = tmp_path_factory.mktemp("broken") / "html"
     shutil.copytree(site, copy)
+    (copy / target).parent.joinpath("tiny_text.svg").write_text(
+        _TINY_SVG.format(size=6, label="tiny image label"), encoding="utf-8")
     page_file = copy / f"{target}.html"
     text = page_file.read_text(encoding="utf-8")
     marker = re.search(r"<section[^>]*>", text)
     assert marker is not None, f"{target}.html has no <section> to inject into"
-    text = text[:marker.end()] + "\n".join(_INJECTED) + text[marker.end():]
-    page_file.write_text(text, encoding="utf-8")
+    injected = "\n".join([*_INJECTED, *_LAYOUT_INJECTED, f"<p>注意力 {_NO_FONT_HAS}</p>"])
+    page_file.write_text(text[:marker.end()] + injected + text[marker.end():], encoding="utf-8")
 
     with sc.serve(copy) as base:
-        context = browser.new_context(service_workers="block")
-        report = sc.check_page(context, base, f"{target}.html")
+        context = browser.new_context(service_workers="block",
+                                      viewport={"width": sc.WIDE, "height": 800})
+        wide = sc.check_page(context, base, f"{target}.html")
         context.close()
+        phone = browser.new_context(service_workers="block",
+                                    viewport={"width": sc.NARROW, "height": 800})
+        narrow = sc.check_layout_pages(phone, base, [f"{target}.html"], sc.NARROW)
+        phone.close()
+    return target, wide, narrow[f"{target}.html"]
+
+
+def test_checker_reports_broken_math_with_page_and_formula(broken):
+    """Break a copy of a built page on purpose: the checker must name page and formula."""
+    target, report, _ = broken
     failures = report.failures()
     for needle in _INJECTED.values():
         assert any(needle in line and line.startswith(f"{target}.html:") for line in failures), (
@@ -184,3 +274,50 @@ def test_exercise_solutions_hide_their_output_on_the_site(site, doc):
     assert solutions, f"{doc}: no exercise solutions found on the page"
     shown = [c for c in solutions if "tag_hide-output" not in c and "tag_hide-cell" not in c]
     assert not shown, f"{doc}: {len(shown)} solution(s) show their output on the site"
+
+
+# What is injected into a copy of a chapter page -> what the report must name. Each one
+# undoes a fix of the site on purpose: a page wider than the window, an inline formula
+# clipped by its box (the theme's span.math before course.css), SVG text of 6 px inline
+# and in an <img>, raw TeX, a solution with myst-nb's own two toggles, Chinese characters
+# no font has (CJK extension G: missing-glyph boxes even with a CJK font installed).
+_TINY_SVG = ('<svg xmlns="http://www.w3.org/2000/svg" width="200" height="40" '
+             'viewBox="0 0 200 40"><text x="4" y="20" font-size="{size}">{label}</text></svg>')
+_LAYOUT_INJECTED = {
+    '<div style="width: 1500px">a line wider than any window</div>': "px wide: div",
+    '<p><span class="math notranslate nohighlight" style="overflow: hidden">'
+    r'\(a_1 + a_2 + a_3 + a_4 + a_5 + a_6 + a_7 + a_8 + a_9 + a_{10} + a_{11} + a_{12} + '
+    r'a_{13} + a_{14} + a_{15} + a_{16} + a_{17} + a_{18} + a_{19} + a_{20} + a_{21} + '
+    r'a_{22} + a_{23} + a_{24} + a_{25} + a_{26} + a_{27} + a_{28} + a_{29}\)</span></p>':
+        "formula cut off",
+    _TINY_SVG.format(size=6, label="tiny inline label"): "'tiny inline label' is 6.0 px",
+    '<img alt="a tiny figure" src="tiny_text.svg" width="200" height="40">':
+        "tiny_text.svg: 'tiny image label' is 6.0 px",
+    '<p>Schr{\\"o}dinger \\&amp; $O(n^2)$ memory</p>': "raw TeX in the text",
+    '<div class="cell tag_hide-input tag_hide-output docutils container">'
+    '<details class="hide above-input"><summary><p>Show code cell source</p></summary>'
+    '<div class="cell_input">answer = 42</div></details>'
+    '<div class="cell_output"><pre>42</pre></div></div>':
+        'reads "Show code cell source", not Solution',
+}
+_NO_FONT_HAS = "\U00030000\U00030001\U00030002"
+
+
+def test_checker_reports_layout_text_and_solution_problems(broken):
+    """The same broken copy: the checker must name each layout, text and solution problem
+    at 1280 px, the layout ones at 400 px too, and the Chinese characters without a glyph."""
+    _, wide, narrow = broken
+    failures = wide.failures()
+    for needle in _LAYOUT_INJECTED.values():
+        assert any(needle in line for line in failures), (
+            f"the checker did not report {needle!r} at {sc.WIDE} px; it reported:\n"
+            + "\n".join(failures))
+    narrow_failures = narrow.failures()
+    for needle in ["px wide: div", "formula cut off", "is 6.0 px"]:
+        assert any(needle in line and f"at {sc.NARROW} px" in line
+                   for line in narrow_failures), (
+            f"the checker did not report {needle!r} at {sc.NARROW} px; it reported:\n"
+            + "\n".join(narrow_failures))
+    assert set(_NO_FONT_HAS) <= set(wide.cjk_missing), (
+        f"characters no font has were not reported as boxes: {wide.cjk_missing}")
+    assert wide.smallest_svg_text_px == pytest.approx(6.0, abs=0.05)

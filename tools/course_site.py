@@ -18,8 +18,16 @@
    written twice, and the second ``const`` is a SyntaxError in the console of every page.
 4. Every figure a cell outputs opens at full size when clicked (a link to the image file,
    added when the page loads): the column shows figures at most 700 px wide.
-5. ``tools/static/course.css``: on a phone, long code lines wrap instead of running off the
-   screen.
+5. ``tools/static/course.css`` and ``course.js``: pages that fit a phone. Code blocks and long
+   formulas scroll inside their own box (a formula's hidden side fades out), long inline code
+   breaks, and the page itself is never wider than the screen (``tests/site_check.py``
+   measures every page at 400 px and 1280 px).
+6. Exercise solutions (code cells tagged ``hide-input``, with ``hide-output`` or as
+   ``hide-cell``) fold behind one toggle titled "Solution" instead of myst-nb's "Show code
+   cell source" and a second "Show code cell output": :class:`SolutionCells` runs just before
+   myst-nb's own fold and folds code and output together where the tags hide both.
+7. ``tools/static/course_search.js`` on the search page: formulas in the result titles and
+   snippets become plain text instead of TeX source.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ import os
 import posixpath
 from pathlib import Path
 
+from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.errors import ExtensionError
+from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util import logging
 
 logger = logging.getLogger(__name__)
@@ -72,6 +82,38 @@ document.addEventListener("DOMContentLoaded", function () {
     img.style.cursor = "zoom-in";
   });
 });"""
+
+
+SOLUTION_SHOW = "Solution"
+SOLUTION_HIDE = "Hide the solution"
+
+
+class SolutionCells(SphinxPostTransform):
+    """Exercise solutions get one toggle titled "Solution" (CONTRIBUTING.md: a solution is
+    the code cell tagged ``hide-input``; its output, the answer, is tagged ``hide-output``).
+
+    myst-nb reads the tags into ``hide_mode`` and folds the cell in its ``HideInputCells``
+    post-transform (priority 199): "input+output" becomes two folds, "Show code cell
+    source" and "Show code cell output". This transform runs first and turns
+    "input+output" into "all" (one fold over code and output) and titles the fold of every
+    mode that hides the code. Notebooks are not touched.
+    """
+
+    default_priority = 198  # myst_nb.sphinx_.HideInputCells is 199
+    formats = ("html",)
+
+    def run(self, **kwargs: object) -> None:
+        for node in self.document.findall(nodes.container):
+            if node.get("nb_element") != "cell_code":
+                continue
+            mode = node.get("hide_mode")
+            if mode not in {"input", "input+output", "all"}:
+                continue
+            if mode == "input+output":
+                node["hide_mode"] = "all"
+            node["prompt_show"] = SOLUTION_SHOW
+            node["prompt_hide"] = SOLUTION_HIDE
+            node["classes"].append("course-solution")
 
 
 def _in_ci() -> bool:
@@ -133,14 +175,23 @@ def _drop_duplicate_inline_scripts(app: Sphinx, pagename: str, templatename: str
     context["script_files"][:] = unique
 
 
-def _course_css(app: Sphinx, config: Config) -> None:
+def _course_static(app: Sphinx, config: Config) -> None:
     config.html_static_path = [*config.html_static_path,
                                str(Path(__file__).resolve().parent / "static")]
 
 
+def _search_page_script(app: Sphinx, pagename: str, templatename: str, context: dict,
+                        doctree: object) -> None:
+    if pagename == "search":
+        app.add_js_file("course_search.js")
+
+
 def setup(app: Sphinx) -> dict:
-    app.connect("config-inited", _course_css)
+    app.connect("config-inited", _course_static)
     app.add_css_file("course.css")
+    app.add_js_file("course.js", loading_method="defer")
+    app.add_post_transform(SolutionCells)
+    app.connect("html-page-context", _search_page_script)
     # After myst-nb registered nb_ipywidgets_js, before it reads it at builder-inited.
     app.connect("config-inited", _use_local_widget_scripts)
     app.connect("html-page-context", _widget_page_scripts)
