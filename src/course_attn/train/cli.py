@@ -25,10 +25,11 @@ from typing import Any, TypeVar, get_args, get_type_hints
 import torch
 
 from ..core.attention import ATTENTION_IMPLS
+from ..core.layers import ACTIVATIONS, NORMS
 from ..data.tasks import TASKS, make_task
 from ..data.text import CharCorpus, default_corpus, load_text
 from ..env import pick_device
-from ..models.gpt import GPTConfig, MiniGPT
+from ..models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
 from .checkpoint import check_checkpoint_path, load_checkpoint
 from .loop import BatchSource, TrainConfig, TrainingDiverged, TrainResult, train
 from .outputs import check_metrics_path, same_file, write_metrics
@@ -57,6 +58,23 @@ OVERRIDES: dict[str, str | None] = {
               "to start on a CPU unless --device cpu is given)",
     "seed": "random seed, an integer in [0, 2**63 - 1] (default {default})",
 }
+
+#: The other fields of GPTConfig, each a flag of its own (chapter 10's variants, chapter 7's
+#: block): derived from the dataclass, so a field added there is a flag here. Their help,
+#: and the choices of the string fields.
+VARIANTS: dict[str, str] = {
+    "pos_encoding": "how positions enter: {choices} (default {default})",
+    "n_kv_heads": "key/value heads, dividing --n-heads: grouped-query attention; 1 = "
+                  "multi-query (default: --n-heads)",
+    "window": "sliding-window attention: each token sees the last N positions (default: all)",
+    "norm": "the blocks' norm: {choices} (default {default})",
+    "activation": "the feed-forward network: {choices} (default {default})",
+    "init_std": "standard deviation of the initial weights (default {default})",
+    "bias": "biases in the linear layers and norms (default {default})",
+    "tie_weights": "share the token embedding with the output head (default {default})",
+}
+CHOICES: dict[str, tuple[str, ...]] = {"pos_encoding": POS_ENCODINGS, "norm": NORMS,
+                                       "activation": ACTIVATIONS}
 
 EPILOG = """\
 examples:
@@ -91,6 +109,24 @@ def _add_overrides(group: argparse._ArgumentGroup) -> None:
                            help=text and text.format(default=defaults[name]))
 
 
+def _add_variants(group: argparse._ArgumentGroup) -> None:
+    """One flag per GPTConfig field that is neither an override nor set by the data."""
+    fields = {f.name: f for f in dataclasses.fields(GPTConfig)}
+    missing = set(fields) - set(OVERRIDES) - set(VARIANTS) - {"vocab_size", "impl"}
+    assert not missing, f"GPTConfig fields without a flag: {missing}"  # a new field: add it
+    hints = get_type_hints(GPTConfig)
+    for name, text in VARIANTS.items():
+        default, hint = fields[name].default, hints[name]
+        help_text = text.format(default=default, choices=", ".join(CHOICES.get(name, ())))
+        if hint is bool:
+            group.add_argument(_flag(name), action=argparse.BooleanOptionalAction,
+                               default=None, help=help_text)
+            continue
+        kind = next(t for t in get_args(hint) if t is not type(None)) if isinstance(
+            hint, types.UnionType) else hint
+        group.add_argument(_flag(name), type=kind, choices=CHOICES.get(name), help=help_text)
+
+
 def _count(text: str) -> int:
     """The type of ``--samples``, the one number that is no dataclass's: an int >= 0."""
     try:
@@ -119,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="model and training sizes (default: cpu; gpu = nanoGPT baby GPT)")
     group = parser.add_argument_group("overrides of the preset")
     _add_overrides(group)
+    variants = parser.add_argument_group("the model's variants (chapters 7 and 10)")
+    _add_variants(variants)
     group.add_argument("--impl", choices=ATTENTION_IMPLS, default="sdpa",
                        help="attention path: readable manual or PyTorch's fused (default)")
     group.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -147,14 +185,16 @@ def _checked(parser: argparse.ArgumentParser, config: type[Config], **values: An
     try:
         return config(**values)
     except (TypeError, ValueError) as error:
-        flags = [_flag(name) for name in OVERRIDES if re.search(rf"\b{name}\b", str(error))]
+        flags = [_flag(name) for name in (*OVERRIDES, *VARIANTS)
+                 if re.search(rf"\b{name}\b", str(error))]
         parser.error(f"argument {'/'.join(flags)}: {error}" if flags else str(error))
 
 
 def _configs(parser: argparse.ArgumentParser, args: argparse.Namespace
              ) -> tuple[GPTConfig, TrainConfig]:
     """The preset with the flags' overrides, checked by the two dataclasses."""
-    given = {name: getattr(args, name) for name in OVERRIDES if getattr(args, name) is not None}
+    given = {name: getattr(args, name) for name in (*OVERRIDES, *VARIANTS)
+             if getattr(args, name) is not None}
     values = {**PRESETS[args.preset], **given}
 
     def fields_of(config: type) -> dict[str, Any]:
