@@ -302,6 +302,8 @@ case("MiniGPT.generate", "temperature", TypeError, lambda: GPT.generate(IDX, 2, 
 case("MiniGPT.generate", "temperature", ValueError, lambda: GPT.generate(IDX, 2, temperature=-1))
 case("MiniGPT.generate", "top_k", TypeError, lambda: GPT.generate(IDX, 2, top_k=2.5))
 case("MiniGPT.generate", "top_k", ValueError, lambda: GPT.generate(IDX, 2, top_k=V + 1))
+case("MiniGPT.generate", "top_p", TypeError, lambda: GPT.generate(IDX, 2, top_p="0.9"))
+case("MiniGPT.generate", "top_p", ValueError, lambda: GPT.generate(IDX, 2, top_p=1.5))
 case("MiniGPT.generate", "use_cache", TypeError, lambda: GPT.generate(IDX, 2, use_cache="no"))
 case("MiniGPT.generate", "attention_mask", ValueError,
      lambda: GPT.generate(IDX, 2, attention_mask=RIGHT_PADDED))

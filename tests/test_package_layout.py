@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "course_attn"
 #: The parts of the course, lowest first: a module may import from its own part or below.
 PARTS = ("", "core", "modern", "models", "data", "train", "lab")
+#: Top-level modules that only give a command of a part its short name (python -m ...).
+ENTRY_POINTS = {"sample": "train"}
 
 
 def _modules() -> dict[str, Path]:
@@ -38,6 +40,7 @@ def _modules() -> dict[str, Path]:
 
 
 def _part(module: str) -> int:
+    module = ENTRY_POINTS.get(module, module)
     head = module.split(".")[0] if "." in module or module in PARTS else ""
     return PARTS.index(head) if head in PARTS else 0
 
@@ -58,7 +61,7 @@ def test_the_layout_has_a_folder_per_part_of_the_course():
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders == set(PARTS[1:])
     top = {p.stem for p in PACKAGE.glob("*.py")}
-    assert top == {"__init__", "_version", "_validation", "env"}
+    assert top == {"__init__", "_version", "_validation", "env", *ENTRY_POINTS}
 
 
 def test_imports_go_down_the_parts_never_up_and_never_in_a_circle():

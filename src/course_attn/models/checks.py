@@ -19,6 +19,7 @@ from .._validation import (
     check_nonnegative_int,
     check_nonnegative_real,
     check_positive_int,
+    check_positive_real,
     check_sequence,
     check_token_ids,
     check_token_mask,
@@ -82,8 +83,8 @@ def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: obj
 
 
 def check_generate_call(model: Any, idx: object, max_new_tokens: object, temperature: object,
-                        top_k: object, use_cache: object, attention_mask: object,
-                        generator: object) -> Tensor | None:
+                        top_k: object, top_p: object, use_cache: object,
+                        attention_mask: object, generator: object) -> Tensor | None:
     """Check ``MiniGPT.generate``'s arguments once; return the left-padding mask (or ``None``)."""
     vocab_size = model.config.vocab_size
     idx = check_token_ids(idx, "idx", vocab_size)
@@ -92,6 +93,8 @@ def check_generate_call(model: Any, idx: object, max_new_tokens: object, tempera
     check_nonnegative_real(temperature, "temperature")
     if top_k is not None and check_positive_int(top_k, "top_k") > vocab_size:
         raise ValueError(f"top_k must be at most vocab_size={vocab_size}, got {top_k}")
+    if top_p is not None and not 0.0 < check_positive_real(top_p, "top_p") <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     check_bool(use_cache, "use_cache")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")

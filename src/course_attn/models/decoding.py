@@ -68,10 +68,13 @@ def decode(step: Step, tokens: Tensor, attention_mask: Tensor | None, max_new_to
 
 
 def pick_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
-              generator: torch.Generator | None = None) -> Tensor:
-    """The next token from ``logits (B, N_vocab)``: argmax, or a tempered top-k sample (Chapter 11).
+              generator: torch.Generator | None = None, top_p: float | None = None) -> Tensor:
+    """The next token from ``logits (B, N_vocab)``: argmax, or a tempered sample (Chapter 11).
 
-    ``temperature=0`` is greedy decoding. Callers validate the arguments.
+    ``temperature=0`` is greedy decoding. A sample may be restricted to the ``top_k``
+    likeliest tokens, and to the smallest set of them whose probabilities add up to at
+    least ``top_p`` (nucleus sampling; the likeliest token always stays). Callers
+    validate the arguments.
     """
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
@@ -90,6 +93,12 @@ def pick_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None
         kth_best = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth_best, float("-inf"))
     probs = torch.softmax(logits, dim=-1)  # (B, N_vocab)
+    if top_p is not None:  # keep a token when the likelier ones add up to less than top_p
+        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, N_vocab) each
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the likelier tokens
+        dropped_sorted = before >= top_p  # (B, N_vocab), in order of probability
+        dropped = torch.zeros_like(dropped_sorted).scatter(-1, order, dropped_sorted)
+        probs = probs.masked_fill(dropped, 0.0)  # (B, N_vocab); multinomial renormalises
     device = logits.device if generator is None else generator.device
     try:
         next_id = torch.multinomial(probs.to(device), 1, generator=generator)  # (B, 1)

@@ -264,14 +264,15 @@ class MiniGPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-                 top_k: int | None = None, use_cache: bool = True,
-                 attention_mask: Tensor | None = None,
+                 top_k: int | None = None, top_p: float | None = None,
+                 use_cache: bool = True, attention_mask: Tensor | None = None,
                  generator: torch.Generator | None = None) -> Tensor:
         """Continue each prompt of ``idx (B, T)`` by ``max_new_tokens`` tokens (Chapter 11).
 
         ``temperature`` divides the logits (``0``: greedy; a tiny one gives the best
         token(s) all the probability, never NaN); ``top_k`` samples among the ``top_k``
-        likeliest; ``generator`` makes sampling reproducible. ``use_cache`` feeds only the
+        likeliest, ``top_p`` among the fewest whose probabilities reach ``top_p`` (nucleus
+        sampling); ``generator`` makes sampling reproducible. ``use_cache`` feeds only the
         newest token at each step, its keys and values joining a :class:`KVCache`; past
         ``context_length`` tokens the context is cropped (as nanoGPT does) and recomputed
         at each step, since cached keys would carry stale positions. ``attention_mask
@@ -280,13 +281,13 @@ class MiniGPT(nn.Module):
         :meth:`forward` with its door shut (hooks on the blocks fire at every step).
         """
         attention_mask = check_generate_call(self, idx, max_new_tokens, temperature, top_k,
-                                             use_cache, attention_mask, generator)
+                                             top_p, use_cache, attention_mask, generator)
 
         def step(tokens: Tensor, mask: Tensor | None, caches: list[KVCache] | None) -> Tensor:
             return self(tokens, attention_mask=mask, caches=caches)[0]  # (B, T_in, N_vocab)
 
         def pick(logits: Tensor) -> Tensor:
-            return pick_next(logits, temperature, top_k, generator)  # (B, 1)
+            return pick_next(logits, temperature, top_k, generator, top_p)  # (B, 1)
 
         was_training = self.training
         try:
