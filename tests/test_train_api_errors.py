@@ -60,6 +60,16 @@ CASES: dict[str, Case] = {
                     lambda p: config(batch_size=0), "batch_size"),
     "TrainResult": (lambda p: trainer.TrainResult(train_losses="1.0"), "train_losses",
                     lambda p: trainer.TrainResult(n_params=-1), "n_params"),
+    "TrainingInterrupted": (
+        lambda p: trainer.TrainingInterrupted("x", result={}, iteration=1, signal_name="SIGINT",
+                                              checkpoint_iter=None), "result",
+        lambda p: trainer.TrainingInterrupted("x", result=result(), iteration=0,
+                                              signal_name="SIGINT", checkpoint_iter=None),
+        "iteration"),
+    "CheckpointWriteError": (
+        lambda p: trainer.CheckpointWriteError("x", result=None, checkpoint_iter=None), "result",
+        lambda p: trainer.CheckpointWriteError("x", result=result(), checkpoint_iter=0),
+        "checkpoint_iter"),
     "TrainingDiverged": (
         lambda p: trainer.TrainingDiverged("x", result={}, iteration=1, loss=float("nan"),
                                            checkpoint_iter=None), "result",

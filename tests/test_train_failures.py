@@ -303,7 +303,8 @@ def first_run(tmp_path, corpus_file, *extra) -> str:
 
 @pytest.mark.parametrize(("change", "named"), [
     (["--lr", "0.01"], ["lr 0.001 -> 0.01"]),
-    (["--lr", "0.01", "--batch-size", "8"], ["lr 0.001 -> 0.01", "batch_size 4 -> 8"]),
+    (["--lr", "0.01", "--batch-size", "8"], ["lr 0.001 -> 0.01", "the global batch",
+                                             "4 x 1 x 1 = 4 in the checkpoint, 8 x 1 x 1 = 8"]),
     (["--seed", "1"], ["seed 1337 -> 1"]),
     (["--max-iters", "6"], ["decays until iteration 4", "--lr-decay-iters 4"]),
     (["--max-iters", "6", "--lr-decay-iters", "6"], ["decays until iteration 4"]),
@@ -351,7 +352,7 @@ def test_resume_may_change_only_where_and_how_it_runs(tmp_path):
     # meta=None keeps the checkpoint's meta in the checkpoints of the resumed run
     train(tiny_model(), TASK, quick(**options), resume_from=path, checkpoint_path=path,
           meta=None)
-    assert load_checkpoint(path)["meta"] == {"task": "copy"}
+    assert load_checkpoint(path)["meta"] == {"task": "copy", "world_size": 1}  # one process
 
 
 def test_cli_help_example_of_a_longer_run_is_accepted(tmp_path, corpus_file, monkeypatch):

@@ -1,6 +1,8 @@
-"""Chapter 11's trainer: the loop, checkpoints, resuming, presets and the command line.
+"""Chapter 11's trainer: the loop, checkpoints, resuming, presets, the command line, sampling.
 
-``python -m course_attn.train`` runs :func:`course_attn.train.cli.main`.
+``python -m course_attn.train`` runs :func:`course_attn.train.cli.main` (on several
+processes under ``torchrun``, :mod:`course_attn.train.distributed`);
+``python -m course_attn.sample`` runs :func:`course_attn.train.sample.main`.
 """
 
 from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, model_from_checkpoint, save_checkpoint
@@ -8,8 +10,10 @@ from .cli import build_parser, main
 from .hardware import GPU_PEAK_FLOPS, gpu_peak_flops
 from .loop import (
     BatchSource,
+    CheckpointWriteError,
     TrainConfig,
     TrainingDiverged,
+    TrainingInterrupted,
     TrainResult,
     amp_dtype,
     estimate_loss,
@@ -26,9 +30,11 @@ __all__ = [
     "PRESETS",
     "RESUME_MAY_CHANGE",
     "BatchSource",
+    "CheckpointWriteError",
     "TrainConfig",
     "TrainResult",
     "TrainingDiverged",
+    "TrainingInterrupted",
     "amp_dtype",
     "build_parser",
     "check_preset_device",

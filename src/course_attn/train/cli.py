@@ -18,8 +18,13 @@ import argparse
 import dataclasses
 import hashlib
 import re
+import shlex
+import shutil
+import signal
+import sys
 import types
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TypeVar, get_args, get_type_hints
 
 import torch
@@ -31,7 +36,16 @@ from ..data.text import CharCorpus, default_corpus, load_text
 from ..env import pick_device
 from ..models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
 from .checkpoint import check_checkpoint_path, load_checkpoint
-from .loop import BatchSource, TrainConfig, TrainingDiverged, TrainResult, train
+from .distributed import World, world_from_env
+from .loop import (
+    BatchSource,
+    CheckpointWriteError,
+    TrainConfig,
+    TrainingDiverged,
+    TrainingInterrupted,
+    TrainResult,
+    train,
+)
 from .outputs import check_metrics_path, same_file, write_metrics
 from .presets import PRESETS, check_preset_device
 
@@ -44,7 +58,9 @@ OVERRIDES: dict[str, str | None] = {
     "n_heads": None,
     "d_model": None,
     "context_length": "context length (with --task: set by the task)",
-    "batch_size": None,
+    "batch_size": "sequences per micro-batch and process (default: the preset's)",
+    "grad_accum": "micro-batches per optimizer step: the global batch is --batch-size x "
+                  "--grad-accum x processes (default {default})",
     "max_iters": None,
     "lr": "peak learning rate",
     "lr_decay_iters": "iteration where the cosine decay of the learning rate ends "
@@ -84,10 +100,21 @@ examples:
   python -m course_attn.train --data input.txt --preset gpu --resume ckpt.pt \
 --out ckpt.pt --max-iters 6000 --lr-decay-iters 5000
 
+  torchrun --nproc_per_node=2 -m course_attn.train --device cpu --preset cpu \
+--batch-size 6 --out ckpt.pt
+      (two processes, gloo on a CPU, NCCL on GPUs: data parallelism; the global
+      batch above is 6 x 1 x 2 = 12, the cpu preset's)
+
+Ctrl-C or SIGTERM stops at the end of the current step: the checkpoint (--out) and
+the metrics so far are written, and the command to resume is printed (exit 130 or
+143). A second Ctrl-C stops at once.
+
 A resumed run is the same run: give the same data, preset, overrides and seed.
 --max-iters may grow when --lr-decay-iters keeps the learning-rate schedule
 where it was (the first run's --lr-decay-iters, else its --max-iters: 5000
-for the gpu preset); --device, --compile, --no-amp and --quiet may change."""
+for the gpu preset); --device, --compile, --no-amp and --quiet may change, and
+--batch-size and --grad-accum with the number of processes when the global
+batch stays the same."""
 
 Config = TypeVar("Config", GPTConfig, TrainConfig)
 
@@ -229,6 +256,22 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
                 check(path, flag)
             except (FileNotFoundError, ValueError) as error:
                 parser.error(str(error))
+    if args.metrics_out is not None:  # room for the file, known before any training
+        folder = Path(args.metrics_out).resolve().parent
+        free, needed = shutil.disk_usage(folder).free, metrics_bytes(max_iters(args))
+        if free < needed:
+            parser.error(f"--metrics-out {args.metrics_out!r}: the disk of {str(folder)!r} has "
+                         f"{free:,} bytes free, fewer than the {needed:,} its metrics may take")
+
+
+def max_iters(args: argparse.Namespace) -> int:
+    """The run's ``max_iters``: the flag's, else the preset's."""
+    return args.max_iters if args.max_iters is not None else PRESETS[args.preset]["max_iters"]
+
+
+def metrics_bytes(iterations: int) -> int:
+    """A generous bound on a metrics file's size: two numbers per iteration, and the rest."""
+    return 2 * 32 * iterations + 64 * 1024
 
 
 def _load_resume(parser: argparse.ArgumentParser, args: argparse.Namespace
@@ -275,19 +318,52 @@ def _metrics(args: argparse.Namespace, model: MiniGPT, config: TrainConfig,
     return metrics
 
 
+def _save_metrics(args: argparse.Namespace, metrics: dict[str, Any], world: World) -> str:
+    """Write ``--metrics-out`` (one process does); say where, or why it could not."""
+    if args.metrics_out is None or not world.main:
+        return ""
+    try:
+        write_metrics(args.metrics_out, metrics)
+    except OSError as error:
+        return (f" The metrics could not be written to {args.metrics_out!r}: "
+                f"{error.strerror or error}.")
+    return f" The metrics so far are in {args.metrics_out!r}."
+
+
+def _resume_command(args: argparse.Namespace, argv: Sequence[str]) -> str:
+    """The command that continues this run from its checkpoint."""
+    words = [w for i, w in enumerate(argv) if w != "--resume"
+             and (i == 0 or argv[i - 1] != "--resume") and not w.startswith("--resume=")]
+    return "python -m course_attn.train " + shlex.join([*words, "--resume", str(args.out)])
+
+
 def _train(parser: argparse.ArgumentParser, args: argparse.Namespace, model: MiniGPT,
            data: BatchSource, config: TrainConfig, resume: dict[str, Any] | None,
-           meta: dict[str, Any]) -> TrainResult:
-    """:func:`~course_attn.train.train`; a run that diverges still writes its metrics."""
+           meta: dict[str, Any], argv: Sequence[str], world: World) -> TrainResult | int:
+    """:func:`~course_attn.train.train`; a run that stops early still writes its metrics.
+
+    Returns the result, or the exit code of a run stopped by a signal (128 + its number).
+    """
     try:
         return train(model, data, config, checkpoint_path=args.out, resume_from=resume,
                      meta=meta)
+    except TrainingInterrupted as error:
+        saved = _save_metrics(args, {**_metrics(args, model, config, error.result, meta),
+                                     "interrupted_at_iter": error.iteration}, world)
+        if world.main:
+            how = (f" To continue: {_resume_command(args, argv)}"
+                   if error.checkpoint_iter is not None else " (no --out: nothing to resume)")
+            print(f"python -m course_attn.train: {error}.{saved}{how}", file=sys.stderr)
+        return 128 + signal.Signals[error.signal_name].value if error.signal_name.startswith(
+            "SIG") else 1
+    except CheckpointWriteError as error:
+        saved = _save_metrics(args, {**_metrics(args, model, config, error.result, meta),
+                                     "stopped_at_iter": len(error.result.train_losses)}, world)
+        print(f"python -m course_attn.train: error: {error}.{saved}", file=sys.stderr)
+        return 1
     except TrainingDiverged as error:
-        saved = ""
-        if args.metrics_out is not None:
-            write_metrics(args.metrics_out, {**_metrics(args, model, config, error.result, meta),
-                                             "diverged_at_iter": error.iteration})
-            saved = f" The metrics so far are in {args.metrics_out!r}."
+        saved = _save_metrics(args, {**_metrics(args, model, config, error.result, meta),
+                                     "diverged_at_iter": error.iteration}, world)
         clip = (f"clip harder (--grad-clip below {config.grad_clip:g})" if config.grad_clip > 0
                 else "clip the gradients (--grad-clip 1)")
         parser.error(f"{error}.{saved} On the command line: lower --lr (now {config.lr:g}) "
@@ -337,14 +413,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     with torch.random.fork_rng(devices=[]):  # --seed also fixes the initial weights
         torch.manual_seed(config.seed)
         model = MiniGPT(model_config)
-    print(f"MiniGPT: {model.num_parameters():,} parameters, "
-          f"{model_config.n_layers} layers x {model_config.n_heads} heads, width "
-          f"{model_config.d_model}, context {model_config.context_length}, vocabulary "
-          f"{model_config.vocab_size}; device {device}")
-    result = _train(parser, args, model, data, config, resume, meta)
+    world = world_from_env()
+    if world.main:
+        processes = f", {world.size} processes" if world.size > 1 else ""
+        print(f"MiniGPT: {model.num_parameters():,} parameters, "
+              f"{model_config.n_layers} layers x {model_config.n_heads} heads, width "
+              f"{model_config.d_model}, context {model_config.context_length}, vocabulary "
+              f"{model_config.vocab_size}; device {device}{processes}")
+    result = _train(parser, args, model, data, config, resume, meta,
+                    sys.argv[1:] if argv is None else argv, world)
+    if isinstance(result, int):
+        return result  # stopped by a signal, or a checkpoint that could not be written
     # Everything that took time is on disk before anything else can fail: the final
     # checkpoint (written by train at the last iteration), then the metrics.
-    if args.metrics_out is not None:
-        write_metrics(args.metrics_out, _metrics(args, model, config, result, meta))
-    _report(args, model, data, config, result, meta)
+    failed = _save_metrics(args, _metrics(args, model, config, result, meta), world)
+    if "could not" in failed:
+        print(f"python -m course_attn.train: error:{failed} The checkpoint (--out) is "
+              "written.", file=sys.stderr)
+        return 1
+    if world.main:
+        _report(args, model, data, config, result, meta)
     return 0

@@ -28,6 +28,8 @@ import contextlib
 import dataclasses
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +38,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 import torch.nn as nn
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
 
 from .._validation import check_device, check_positive_int, check_positive_real
 from ..data.seq2seq import Seq2SeqTask, seq2seq_loss
@@ -53,6 +56,7 @@ from .checkpoint import (
     save_checkpoint,
     training_state,
 )
+from .distributed import all_mean, any_rank, join, leave, micro_batch_rows, world_from_env
 from .hardware import GPU_PEAK_FLOPS, gpu_peak_flops
 from .outputs import METRICS_FORMAT
 from .presets import PRESETS, check_preset_device
@@ -65,7 +69,9 @@ __all__ = [
     "BatchSource",
     "TrainConfig",
     "TrainResult",
+    "CheckpointWriteError",
     "TrainingDiverged",
+    "TrainingInterrupted",
     "amp_dtype",
     "check_preset_device",
     "estimate_loss",
@@ -127,6 +133,14 @@ def _objective(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     return _Objective(next_token_batch, gpt_loss, batch_size * context_length)
 
 
+def _rows(batch: Any, rows: slice) -> Any:
+    """Some sequences of a batch: a tuple of tensors, each ``(B, ...)``."""
+    if rows.start == 0 and rows.stop == len(batch[0]):
+        return batch  # the whole batch: one process, no accumulation
+    parts = [part[rows] for part in batch]
+    return tuple(parts) if type(batch) is tuple else type(batch)(*parts)  # a NamedTuple
+
+
 def _check_model_and_data(model: object, data: object) -> None:
     """A MiniGPT with next-token batches, or an EncoderDecoder with a Seq2SeqTask that fits it."""
     if isinstance(model, EncoderDecoder):
@@ -167,6 +181,9 @@ class TrainConfig:
     follows a cosine down to ``min_lr`` (default ``lr / 10``) at
     ``lr_decay_iters`` (default ``max_iters``; fix it if the run may be
     lengthened later, see :func:`train`). ``grad_clip=0`` disables clipping.
+    Each optimizer step sums the gradients of ``grad_accum`` micro-batches of
+    ``batch_size`` sequences on each of the run's processes (one, or N under
+    ``torchrun --nproc_per_node=N``): a global batch of ``batch_size * grad_accum * N``.
     ``seed`` is an int in ``[0, 2**63 - 1]``. Every ``eval_interval``
     iterations (and at the end) the mean loss over ``eval_iters`` batches of
     each split is recorded. The training losses
@@ -177,6 +194,7 @@ class TrainConfig:
 
     max_iters: int = 2000
     batch_size: int = 12
+    grad_accum: int = 1
     lr: float = 1e-3
     min_lr: float | None = None
     warmup_iters: int = 100
@@ -195,7 +213,8 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("max_iters", "batch_size", "eval_interval", "eval_iters", "log_interval"):
+        for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
+                     "log_interval"):
             check_positive_int(getattr(self, name), name)
         for name, top in (("warmup_iters", None), ("seed", MAX_SEED)):
             value = getattr(self, name)
@@ -448,6 +467,77 @@ class TrainingDiverged(ValueError):
         self.checkpoint_iter = checkpoint_iter
 
 
+class TrainingInterrupted(Exception):
+    """Training stopped at the end of a step because the process got SIGINT or SIGTERM.
+
+    Ctrl-C, a closed laptop or a cluster scheduler sends one of the two; :func:`train`
+    then finishes the step it is in, reads the losses back, writes a checkpoint (when it
+    has a ``checkpoint_path``) and raises this, with ``result`` (the run so far),
+    ``iteration`` (the last step done), ``signal_name`` and ``checkpoint_iter`` (the
+    iteration of the checkpoint on disk, or ``None``). A second signal stops the process
+    at once. Resuming from the checkpoint repeats the uninterrupted run (chapter 11).
+    """
+
+    def __init__(self, message: str, *, result: TrainResult, iteration: int,
+                 signal_name: str, checkpoint_iter: int | None) -> None:
+        _check_stop(message, result, checkpoint_iter)
+        check_positive_int(iteration, "iteration")
+        if not isinstance(signal_name, str) or not signal_name:
+            raise TypeError(f"signal_name must be the signal's name, such as 'SIGINT', got "
+                            f"{signal_name!r}")
+        super().__init__(message)
+        self.result, self.iteration = result, iteration
+        self.signal_name, self.checkpoint_iter = signal_name, checkpoint_iter
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a read-only folder, no permission).
+
+    The message names the path and the cause; the last good checkpoint, written
+    atomically, is still on disk (``checkpoint_iter``, or ``None``), and ``result``
+    holds the run so far (chapter 11).
+    """
+
+    def __init__(self, message: str, *, result: TrainResult,
+                 checkpoint_iter: int | None) -> None:
+        _check_stop(message, result, checkpoint_iter)
+        super().__init__(message)
+        self.result, self.checkpoint_iter = result, checkpoint_iter
+
+
+def _check_stop(message: object, result: object, checkpoint_iter: object) -> None:
+    """The arguments every early stop carries: a message, the result, the last checkpoint."""
+    if not isinstance(message, str):
+        raise TypeError(f"message must be a str, got {type(message).__name__}")
+    if not isinstance(result, TrainResult):
+        raise TypeError(f"result must be a TrainResult, got {type(result).__name__}")
+    if checkpoint_iter is not None:
+        check_positive_int(checkpoint_iter, "checkpoint_iter")
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: list[int]) -> Iterator[None]:
+    """Record SIGINT or SIGTERM in ``stop`` instead of dying; a second one kills at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (a run in a worker thread: none)
+        return
+    kinds = (signal.SIGINT, signal.SIGTERM)
+    before = {kind: signal.getsignal(kind) for kind in kinds}
+
+    def record(signum: int, frame: object) -> None:
+        stop.append(signum)
+        for kind in kinds:  # the next signal takes its default course: the process stops
+            signal.signal(kind, signal.SIG_DFL)
+
+    for kind in kinds:
+        signal.signal(kind, record)
+    try:
+        yield
+    finally:
+        for kind, handler in before.items():
+            signal.signal(kind, handler)
+
+
 #: What :func:`train` calls after each evaluation: ``on_eval(iteration, model, result)``.
 OnEval = Callable[[int, MiniGPT | EncoderDecoder, TrainResult], object]
 
@@ -482,15 +572,23 @@ class _Run:
                  on_eval: OnEval | None = None) -> None:
         self.model, self.data, self.config = model, data, config
         self.checkpoint_path, self.meta, self.on_eval = checkpoint_path, meta, on_eval
-        self.device = pick_device(config.device)
+        self.world = world_from_env()  # one process, or one of torchrun's
+        self.device = join(self.world, pick_device(config.device))
         model.to(self.device)
+        # Several processes: each holds a copy; DDP averages the gradients in backward.
+        self.ddp = (DistributedDataParallel(model, device_ids=None if self.device.type != "cuda"
+                                            else [self.device.index])
+                    if self.world.size > 1 else None)
         self.optimizer = _make_optimizer(model, config, self.device)
         self.dtype = amp_dtype(self.device, amp=config.amp)
         # fp16 gradients underflow without scaling; bf16 and float32 need none (a no-op then).
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.generator = torch.Generator().manual_seed(config.seed)  # data order (CPU, saveable)
-        torch.manual_seed(config.seed)  # dropout
-        self.objective = _objective(model, data, config.batch_size)
+        torch.manual_seed(config.seed + self.world.rank)  # dropout: each process its own
+        # Every process draws the same global batch and trains on its slices (_step).
+        self.objective = _objective(
+            model, data, config.batch_size * config.grad_accum * self.world.size)
+        self.stop: list[int] = []  # the signals received (SIGINT, SIGTERM)
         self.result = TrainResult(n_params=_num_parameters(model), device=str(self.device))
         self.start = 0  # the first iteration: 0, or the checkpoint's when resuming
         self.pending: list[Tensor] = []  # this stretch's losses, still on the device
@@ -514,7 +612,8 @@ class _Run:
         from tqdm.auto import tqdm  # a widget in Jupyter, a text bar in a terminal
 
         config = self.config
-        step_model = torch.compile(self.model) if config.compile else self.model
+        wrapped = self.ddp or self.model
+        step_model = torch.compile(wrapped) if config.compile else wrapped
         self.model.train()
         # Timing: the clock is read only where the host has just waited for the device
         # (a read-back), so queued GPU work is never missed; the first iteration (kernel
@@ -523,17 +622,20 @@ class _Run:
         self.t_start = self.mark_time = time.perf_counter()
         self.mark_iter = self.start
         self.bar = tqdm(range(self.start, config.max_iters), initial=self.start,
-                        total=config.max_iters, disable=not config.progress, desc="train",
-                        leave=True)
-        for it in self.bar:
-            self._step(step_model, it)
-            done = it + 1
-            evaluate = done % config.eval_interval == 0 or done == config.max_iters
-            warm_up = done == self.start + 1 and not evaluate
-            if evaluate or warm_up or done % config.log_interval == 0:
-                self._read_back(done, timed=not warm_up)
-            if evaluate:
-                self._evaluate(done)
+                        total=config.max_iters, desc="train", leave=True,
+                        disable=not (config.progress and self.world.main))
+        with _stop_on_signals(self.stop):
+            for it in self.bar:
+                self._step(step_model, it)
+                done = it + 1
+                evaluate = done % config.eval_interval == 0 or done == config.max_iters
+                warm_up = done == self.start + 1 and not evaluate
+                if evaluate or warm_up or done % config.log_interval == 0:
+                    self._read_back(done, timed=not warm_up)
+                if evaluate:
+                    self._evaluate(done)
+                if any_rank(bool(self.stop), self.world, self.device):  # all stop together
+                    raise self._interrupted(done, evaluated=evaluate)
         self._finish()
         return self.result
 
@@ -543,17 +645,26 @@ class _Run:
         lr = learning_rate(it, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = self.objective.batch("train", self.generator, self.device)
-        with _autocast(self.device, self.dtype):
-            loss = self.objective.loss(step_model, batch)
+        # The global batch, drawn alike by every process; this one trains on its slices.
+        batch = self.objective.batch("train", self.generator, self.device)  # (G, ...)
         optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
+        accum, world = config.grad_accum, self.world
+        loss = torch.zeros((), device=self.device)
+        for k in range(accum):
+            micro = _rows(batch, micro_batch_rows(world, k, config.batch_size))  # (B, ...)
+            last = k == accum - 1  # DDP averages the gradients once, after the last one
+            with (contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()):
+                with _autocast(self.device, self.dtype):
+                    micro_loss = self.objective.loss(step_model, micro) / accum
+                scaler.scale(micro_loss).backward()  # gradients add up over micro-batches
+            loss = loss + micro_loss.detach()
+        loss = all_mean(loss, world)  # every process reports the same loss
         if config.grad_clip > 0:
             scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
         scaler.step(optimizer)
         scaler.update()
-        self.pending.append(loss.detach())
+        self.pending.append(loss)
         self.pending_lrs.append(lr)
 
     def _read_back(self, done: int, *, timed: bool) -> None:
@@ -593,7 +704,7 @@ class _Run:
                              val=f"{losses['val']:.4f}")
         if self.checkpoint_path is not None:
             self._save(done)
-        if self.on_eval is not None:
+        if self.on_eval is not None and self.world.main:
             self._call_on_eval(done)
         self.mark_time = time.perf_counter()  # evaluation is not training time
 
@@ -608,6 +719,8 @@ class _Run:
         if not _weights_finite(self.model):  # never overwrite good weights with bad ones
             raise self._diverged(done, float("nan"),
                                  f"the weights after iteration {done} are not all finite")
+        if not self.world.main:  # one process writes; the others hold the same weights
+            return
         history = {name: getattr(self.result, name) for name in HISTORY}
         assert isinstance(self.model, MiniGPT)  # train() refuses checkpoints for the others
         checkpoint = training_state(
@@ -615,7 +728,16 @@ class _Run:
             optimizer=self.optimizer, scaler=self.scaler, generator=self.generator,
             device=self.device, iteration=done, history=history, meta=self.meta)
         assert self.checkpoint_path is not None  # _save runs only with a path
-        save_checkpoint(self.checkpoint_path, checkpoint)
+        try:
+            save_checkpoint(self.checkpoint_path, checkpoint)
+        except OSError as error:
+            self._finish()
+            kept = (f"the checkpoint of iteration {self.saved_iter} is kept there"
+                    if self.saved_iter is not None else "no checkpoint of this run was written")
+            raise CheckpointWriteError(
+                f"could not write the checkpoint {str(self.checkpoint_path)!r} after iteration "
+                f"{done}: {error.strerror or error}; {kept}", result=self.result,
+                checkpoint_iter=self.saved_iter) from None
         self.saved_iter = done
 
     def _finish(self) -> None:
@@ -625,6 +747,23 @@ class _Run:
             self.result.ms_per_iter = 1000.0 * self.train_seconds / self.timed_iters
             self.result.tokens_per_s = (self.objective.tokens_per_batch * self.timed_iters
                                         / self.train_seconds)
+
+    def _interrupted(self, done: int, *, evaluated: bool) -> TrainingInterrupted:
+        """Stop after step ``done``: read back, write a checkpoint, and say how to go on."""
+        name = signal.Signals(self.stop[0]).name if self.stop else "a signal to another process"
+        if not evaluated:  # the step's losses, and a checkpoint of exactly this step
+            self._read_back(done, timed=True)
+            if self.checkpoint_path is not None:
+                self._save(done)
+        self._finish()
+        saved = self.saved_iter if self.checkpoint_path is not None else None
+        where = (f"the checkpoint of iteration {saved} is in {str(self.checkpoint_path)!r}; "
+                 f"resume from it" if saved is not None
+                 else "no checkpoint was asked for (checkpoint_path)")
+        return TrainingInterrupted(
+            f"training stopped by {name} after iteration {done} of {self.config.max_iters}: "
+            f"{where}", result=self.result, iteration=done, signal_name=name,
+            checkpoint_iter=saved)
 
     def _diverged(self, iteration: int, value: float, what: str) -> TrainingDiverged:
         """The error for a non-finite ``value`` found at ``iteration``; ``what`` says where."""
@@ -727,11 +866,15 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     checkpoint = None
     if resume_from is not None:
         checkpoint, meta = check_resume(resume_from, dataclasses.asdict(model.config),
-                                        dataclasses.asdict(config), meta)
+                                        dataclasses.asdict(config), meta,
+                                        world_size=world_from_env().size)
     if checkpoint_path is not None:
         check_checkpoint_path(checkpoint_path, "checkpoint_path")
-    run = _Run(model, data, config, checkpoint_path=checkpoint_path, meta=meta,
-               on_eval=on_eval)
-    if checkpoint is not None:
-        run.restore(checkpoint)
-    return run.run()
+    run = _Run(model, data, config, checkpoint_path=checkpoint_path,
+               meta={**meta, "world_size": world_from_env().size}, on_eval=on_eval)
+    try:
+        if checkpoint is not None:
+            run.restore(checkpoint)
+        return run.run()
+    finally:
+        leave(run.world)

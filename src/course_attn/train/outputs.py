@@ -53,7 +53,10 @@ def write_atomically(target: Path, write: Callable[[Path], object]) -> None:
         write(tmp)
         tmp.replace(target)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # a folder turned read-only: the write's own error is the one to tell
+            pass
         raise
 
 

@@ -19,6 +19,8 @@ __all__ = ["RESUME_MAY_CHANGE"]
 #: Settings a resumed run may change: where and how the arithmetic runs, and what is
 #: shown. Everything else must be as the checkpoint stored it (see :func:`check_resume`).
 RESUME_MAY_CHANGE = ("device", "amp", "compile", "progress", "log_interval")
+#: A run may also change ``batch_size`` and ``grad_accum`` along with its number of
+#: processes, when the global batch ``batch_size * grad_accum * processes`` stays the same.
 #: Keys of ``meta`` that say which data a run trains on; a resumed run must agree on them.
 _DATA_IDENTITY = ("tokenizer_chars", "text_sha256", "task")
 
@@ -44,11 +46,30 @@ def _model_differences(stored: dict[str, Any], model_config: dict[str, Any]) -> 
     return changes or [f"{stored} -> {model_config}"]
 
 
-def _setting_differences(stored: dict[str, Any], config: dict[str, Any]) -> list[str]:
-    """The settings in which ``config`` differs from a checkpoint's, beyond what may change."""
+def _global_batch(config: dict[str, Any], world_size: int) -> Any:
+    """Sequences per optimizer step: ``batch_size * grad_accum * processes``."""
+    size, accum = config.get("batch_size"), config.get("grad_accum", 1)  # 1 before issue 26
+    return size * accum * world_size if isinstance(size, int) and isinstance(accum, int) else size
+
+
+def _setting_differences(stored: dict[str, Any], config: dict[str, Any], *,
+                         stored_world: int = 1, world: int = 1) -> list[str]:
+    """The settings in which ``config`` differs from a checkpoint's, beyond what may change.
+
+    The per-process batch and the accumulation may change with the number of processes,
+    as long as the global batch (and so every step) stays the same.
+    """
     differences = []
+    old_batch, new_batch = _global_batch(stored, stored_world), _global_batch(config, world)
+    if old_batch != new_batch:
+        differences.append(
+            f"the global batch (batch_size x grad_accum x processes): "
+            f"{stored.get('batch_size')} x {stored.get('grad_accum', 1)} x {stored_world} = "
+            f"{old_batch} in the checkpoint, {config.get('batch_size')} x "
+            f"{config.get('grad_accum', 1)} x {world} = {new_batch} now")
     for key, value in config.items():
-        if key in RESUME_MAY_CHANGE or key in ("max_iters", "lr_decay_iters"):
+        if key in RESUME_MAY_CHANGE or key in ("max_iters", "lr_decay_iters", "batch_size",
+                                               "grad_accum"):
             continue
         if key == "min_lr":  # None means lr / 10: compare what it stands for
             if _schedule(stored)[1] != _schedule(config)[1]:
@@ -94,12 +115,15 @@ def _data_differences(stored: dict[str, Any], meta: dict[str, Any]) -> list[str]
 
 def check_resume(resume_from: dict[str, Any] | str | os.PathLike[str],
                  model_config: dict[str, Any], train_config: dict[str, Any],
-                 meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+                 meta: dict[str, Any], *, world_size: int = 1
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The checkpoint to resume from, and the resumed run's meta, if this is the same run.
 
     ``model_config`` and ``train_config`` are the new run's settings as dicts
-    (``dataclasses.asdict``), ``meta`` its meta; the returned meta is the
-    checkpoint's, updated by ``meta``. A ``ValueError`` names every difference.
+    (``dataclasses.asdict``), ``meta`` its meta, ``world_size`` its number of processes;
+    the returned meta is the checkpoint's, updated by ``meta``. A ``ValueError`` names
+    every difference. A run may resume on another number of processes when its global
+    batch stays the same (the checkpoint's meta records its number, ``world_size``).
     """
     checkpoint = check_checkpoint(
         resume_from if isinstance(resume_from, dict) else load_checkpoint(resume_from),
@@ -108,8 +132,10 @@ def check_resume(resume_from: dict[str, Any] | str | os.PathLike[str],
     if changes:
         raise ValueError("resume_from was saved for a different model configuration: "
                          + ", ".join(changes))
+    stored_world = checkpoint["meta"].get("world_size", 1)
     differences = (_data_differences(checkpoint["meta"], meta)
-                   + _setting_differences(checkpoint["train_config"], train_config))
+                   + _setting_differences(checkpoint["train_config"], train_config,
+                                          stored_world=stored_world, world=world_size))
     if differences:
         raise ValueError(
             "resume_from: a resumed run must be the same run, and this one changes "
