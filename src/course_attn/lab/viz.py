@@ -25,6 +25,28 @@ __all__ = [
     "plot_training",
 ]
 
+#: The narrowest screen the site is read on, in CSS pixels (a phone held upright).
+PHONE_WIDTH_PX = 400
+#: The smallest text a figure may show on that screen, in CSS pixels.
+MIN_TEXT_PX = 9.0
+
+
+def readable_font_size(width: float) -> float:
+    """The smallest font size, in points, that stays readable on a phone (every chapter).
+
+    A figure ``width`` inches wide is shown at its own size (1 pt = 4/3 CSS px) where it
+    fits, and scaled down to the :data:`PHONE_WIDTH_PX` of a phone where it does not; text
+    must then still be :data:`MIN_TEXT_PX` tall. For a figure sized for the site's 700 px
+    column (7 in, 504 pt) that is ``9 * 504 / 400 = 11.34`` pt.
+    """
+    if isinstance(width, bool) or not isinstance(width, int | float):
+        raise TypeError(f"width must be a positive number of inches, got "
+                        f"{type(width).__name__} {width!r}")
+    if not width > 0 or width == float("inf"):
+        raise ValueError(f"width must be a positive number of inches, got {width!r}")
+    shown = min(1.0, PHONE_WIDTH_PX / (width * 96))  # 96 CSS px per inch
+    return MIN_TEXT_PX / (4 / 3 * shown)
+
 
 def _to_numpy(values: object, name: str) -> np.ndarray:
     if values is None or isinstance(values, str | bytes | dict):
