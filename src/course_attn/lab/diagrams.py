@@ -95,10 +95,11 @@ ROLE_COLORS: dict[str, str] = {
 #: Colours of the heads in :func:`head_split_merge` (heads are not a role of their own).
 HEAD_COLORS: tuple[str, ...] = ("#77AADD", "#EE8866", "#BBCC33", "#FFAABB")
 
-# A 7-inch figure is 504 pt wide; shown 400 px wide on a phone, 11.4 pt is 9.05 px, the
-# smallest size the site allows (viz.readable_font_size(7.0) = 11.34). One size for all text.
-FONT = 11.5
-HEADING = 12.5  # the name of a panel
+# A 7-inch figure is 504 pt wide, 518 pt with the 0.1-inch margin a notebook's tight
+# bounding box adds; shown 400 px wide on a phone, 11.7 pt is then 9.03 px, over the 9 px
+# the site allows (viz.readable_font_size). One size for all text.
+FONT = 11.7
+HEADING = 12.7  # the name of a panel
 TITLE = 14.0
 DPI = 100
 WIDTH = 7.0  # inches: 700 px at 100 dpi, the width of the site's content column
