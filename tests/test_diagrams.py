@@ -162,7 +162,7 @@ def test_defaults_draw_a_titled_figure_for_the_column_with_alt_text(draw, name):
     ("kv_cache_steps", {"steps": 1}),
     ("kv_cache_steps", {"steps": 5}),
     ("flash_attention_tiles", {"n_blocks": 2, "query_block": 0, "kv_block": 1}),
-    ("rope_rotation", {"m": 0, "n": 6, "omega": 1.0}),
+    ("rope_rotation", {"i": 0, "j": 6, "omega": 1.0}),
     ("gqa_sharing", {"n_heads": 8, "n_kv_heads": 8}),
     ("gqa_sharing", {"n_heads": 6, "n_kv_heads": 1}),
     ("rolling_kv_cache", {"window": 2, "steps": 1}),
@@ -471,21 +471,21 @@ def test_flash_attention_tiles_reads_blocks_in_and_writes_only_the_output(draw):
     assert sum(n.startswith("HBM: ") for n in graph.nodes) == 4 * 4
 
 
-@pytest.mark.parametrize("m, n, omega", [(3, 1, 0.5), (0, 4, 1.0), (6, 6, 0.25)])
-def test_rope_rotation_turns_each_pair_by_its_position_times_omega(draw, m, n, omega):
-    graph = diagram_graph(draw("rope_rotation", m=m, n=n, omega=omega))
+@pytest.mark.parametrize("i, j, omega", [(3, 1, 0.5), (0, 4, 1.0), (6, 6, 0.25)])
+def test_rope_rotation_turns_each_pair_by_its_position_times_omega(draw, i, j, omega):
+    graph = diagram_graph(draw("rope_rotation", i=i, j=j, omega=omega))
 
     def angle(role, name):
         (ox, oy), (x, y) = graph.nodes[f"{role}: origin"][:2], graph.nodes[f"{role}: {name}"][:2]
         return math.atan2(y - oy, x - ox)
 
-    for role, letter, position in (("query", "q", m), ("key", "k", n)):
+    for role, letter, position in (("query", "q", i), ("key", "k", j)):
         turn = angle(role, letter + "′") - angle(role, letter)
         assert math.remainder(turn - position * omega, 2 * math.pi) == pytest.approx(0, abs=1e-9)
         assert graph.sources(f"{role}: {letter}′") == [f"{role}: origin"]
     between = (angle("query", "q′") - angle("key", "k′")) - (angle("query", "q")
                                                               - angle("key", "k"))
-    assert math.remainder(between - (m - n) * omega, 2 * math.pi) == pytest.approx(0, abs=1e-9)
+    assert math.remainder(between - (i - j) * omega, 2 * math.pi) == pytest.approx(0, abs=1e-9)
 
 
 @pytest.mark.parametrize("n_heads, n_kv_heads", [(8, 2), (8, 8), (8, 1), (6, 3), (4, 2)])
@@ -605,8 +605,8 @@ def test_induction_circuit_reads_the_token_after_the_earlier_copy(draw, n_betwee
     ("flash_attention_tiles", {"n_blocks": 5}, ValueError, r"^n_blocks must be at most 4"),
     ("flash_attention_tiles", {"query_block": 4}, ValueError, r"^query_block must be an int in"),
     ("flash_attention_tiles", {"kv_block": -1}, ValueError, r"^kv_block must be an int in"),
-    ("rope_rotation", {"m": 7}, ValueError, r"^m must be an int in \[0, 6\]"),
-    ("rope_rotation", {"n": 1.0}, TypeError, r"^n must be an int"),
+    ("rope_rotation", {"i": 7}, ValueError, r"^i must be an int in \[0, 6\]"),
+    ("rope_rotation", {"j": 1.0}, TypeError, r"^j must be an int"),
     ("rope_rotation", {"omega": 0}, ValueError, r"^omega must be a number in \(0, 1\]"),
     ("rope_rotation", {"omega": "1"}, TypeError, r"^omega must be a number"),
     ("gqa_sharing", {"n_heads": 8, "n_kv_heads": 3}, ValueError,

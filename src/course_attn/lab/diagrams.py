@@ -1532,7 +1532,7 @@ _ROPE_VECTORS = {"query": (1.0, 0.18), "key": (0.72, 0.62)}  # one feature pair 
 
 
 def _rope_panel(s: _Sketch, cx: float, role: str, position: int, omega: float,
-                letter: str) -> None:
+                letter: str, symbol: str) -> None:
     """One pair of features as a 2-D vector, and the same pair rotated by position · ω."""
     radius, o = 1.35, (cx - 0.25, 2.6)
     color = ROLE_COLORS[role]
@@ -1557,36 +1557,39 @@ def _rope_panel(s: _Sketch, cx: float, role: str, position: int, omega: float,
                            color=INK, lw=1.2))
         mid = (before + after) / 2
         s.text(o[0] + 0.85 * math.cos(mid) + 0.12, o[1] + 0.85 * math.sin(mid),
-               f"{'m' if letter == 'q' else 'n'}·ω", color=INK)
+               f"{symbol}·ω", color=INK)
 
 
 @_diagram
-def rope_rotation(m: int = 3, n: int = 1, omega: float = 0.5) -> Figure:
-    """Rotary position embedding on one pair of features: the query's pair (x_2i, x_2i+1) at position m is turned by the angle m·ω_i and the key's pair at position n by n·ω_i, so the angle between them, and their dot product, changes by (m − n)·ω_i and depends on the positions only through m − n.
+def rope_rotation(i: int = 3, j: int = 1, omega: float = 0.5) -> Figure:
+    """Rotary position embedding on one pair of features: the query's pair at position i is turned by the angle i·ω and the key's pair at position j by j·ω, so the angle between them, and their dot product, changes by (i − j)·ω and depends on the positions only through their difference.
 
-    Chapter 10 (RoPE, ``apply_rope``; angle ``p·ω_i`` with ``ω_i = 10000^(-2i/d)``).
-    ``m`` and ``n`` are the positions of the query and the key (0 to 6), ``omega`` the turn
-    per position of this pair, in radians (0 to 1; the first pair turns by 1). Parts are
-    named ``query: q``, ``query: q′`` (rotated), ``key: k``, ``key: k′``.
+    Chapter 10 (RoPE, ``apply_rope``: the pair ``(x[2k], x[2k+1])`` of a query or key at
+    position ``p`` turns by ``p·ω_k``, ``ω_k = 10000^(-2k/d)``; the chapter's "Why rotate?"
+    names the positions i and j). ``i`` and ``j`` are the positions of the query and the
+    key (0 to 6), ``omega`` the turn per position of this pair, in radians (0 to 1; the
+    first pair turns by 1). Parts are named ``query: q``, ``query: q′`` (turned),
+    ``key: k`` and ``key: k′``.
     """  # noqa: E501
-    m = check_nonnegative_int(m, "m", upper=6)
-    n = check_nonnegative_int(n, "n", upper=6)
+    i = check_nonnegative_int(i, "i", upper=6)
+    j = check_nonnegative_int(j, "j", upper=6)
     omega = _check_real(omega, "omega", 0.0, 1.0)
 
     height = 5.45
     s = _canvas(height, "RoPE: each pair of features turns by position × ω")
-    for cx, role, position, letter in ((1.75, "query", m, "q"), (5.25, "key", n, "k")):
-        s.text(cx, height - 0.7, f"{role} at position {'m' if letter == 'q' else 'n'} = "
-               f"{position}", HEADING, fontweight="bold")
-        _rope_panel(s, cx, role, position, omega, letter)
-        s.text(cx, 1.6, f"turned by {'m' if letter == 'q' else 'n'}·ω = "
-               f"{position} × {omega:g} = {position * omega:.2f} rad")
+    for cx, role, position, letter, symbol in ((1.75, "query", i, "q", "i"),
+                                               (5.25, "key", j, "k", "j")):
+        s.text(cx, height - 0.7, f"{role} at position {symbol} = {position}", HEADING,
+               fontweight="bold")
+        _rope_panel(s, cx, role, position, omega, letter, symbol)
+        s.text(cx, 1.6, f"turned by {symbol}·ω = {position} × {omega:g} = "
+               f"{position * omega:.2f} rad")
     s.ax.plot([3.5, 3.5], [1.4, height - 0.5], color="#CCCCCC", lw=1)
     nb = "\u00a0"  # a space that _wrap does not break at
-    s.text(0.15, 0.1, _wrap(f"Each arrow is one pair (x₂ᵢ, x₂ᵢ₊₁) of a query or a key. Both "
+    s.text(0.15, 0.1, _wrap(f"Each arrow is one pair of features of a query or a key. Both "
                             f"turn the same way, so the angle between q′ and k′ is the angle "
-                            f"between q and k plus (m{nb}−{nb}n)·ω = {(m - n) * omega:.2f} rad: "
-                            f"the score q′·k′ sees the positions only through m{nb}−{nb}n.",
+                            f"between q and k plus (i{nb}−{nb}j)·ω = {(i - j) * omega:.2f} rad: "
+                            f"the score q′·k′ sees the positions only through i{nb}−{nb}j.",
                             WIDTH - 0.3), ha="left", va="bottom", color=NOTE)
     return s.fig
 
