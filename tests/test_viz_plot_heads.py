@@ -134,3 +134,12 @@ def test_max_width_and_axes_together_are_refused():
     fig, grid = plt.subplots(1, 2)
     with pytest.raises(ValueError, match="max_width or axes, not both"):
         viz.plot_heads(_weights(2), axes=list(grid), max_width=7)
+
+
+def test_annotate_none_decides_before_the_layout_as_plot_attention_would():
+    small = viz.plot_heads(_weights(2, t=8), annotate=None)  # 64 cells: values written
+    assert [_grid_position(ax) for ax in small] == [(0, 0), (1, 0)]
+    assert all(len(ax.texts) == 64 for ax in small)
+    large = viz.plot_heads(_weights(2, t=9), annotate=None)  # 81 cells: none
+    assert [_grid_position(ax) for ax in large] == [(0, 0), (0, 1)]
+    assert all(not ax.texts for ax in large)

@@ -458,8 +458,10 @@ def plot_heads(
     _check_labels(y_labels, data.shape[1], "y_labels")
     _check_flag(annotate, "annotate", none_ok=True)
     _check_heads_layout(n_heads, axes, ncols, max_width)
+    if annotate is None:  # as plot_attention decides: values on small maps
+        annotate = data[0].size <= 64
     if axes is None:
-        axes = _heads_grid(data.shape, bool(annotate), ncols, max_width)
+        axes = _heads_grid(data.shape, annotate, ncols, max_width)
     if len(axes) != n_heads:
         raise ValueError(f"axes must have {n_heads} entries (one per head), got {len(axes)}")
     for h, ax in enumerate(axes):
