@@ -40,6 +40,7 @@ __all__ = [
     "plot_heads",
     "plot_mask",
     "plot_training",
+    "use_sharp_figures",
 ]
 
 #: The narrowest screen the site is read on, in CSS pixels (a phone held upright).
