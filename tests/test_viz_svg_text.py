@@ -1,0 +1,169 @@
+"""Sharp, readable figures (issue 25): notebooks show figures as SVG (viz.use_sharp_figures),
+and every diagram and every viz plot, at its default size, writes no text that would be
+smaller than 9 px on a 400 px phone. Measured in the SVG itself, with text kept as text."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import struct
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+from traitlets.config import Config  # noqa: E402
+
+from course_attn.lab import viz  # noqa: E402
+from course_attn.lab.diagrams import DIAGRAMS  # noqa: E402
+from course_attn.train import TrainConfig, TrainResult, learning_rate  # noqa: E402
+
+SENTENCE = ["the", "cat", "sat", "on", "the", "mat", "and", "slept"]
+
+
+@pytest.fixture
+def shell(tmp_path, monkeypatch):
+    """An IPython shell of its own (no history file), cleared after the test."""
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
+    config = Config()
+    config.HistoryManager.enabled = False
+    InteractiveShell.clear_instance()
+    with plt.rc_context():  # use_sharp_figures changes rcParams: put them back after
+        yield InteractiveShell.instance(config=config)
+    InteractiveShell.clear_instance()
+    plt.close("all")
+
+
+def _svg(fig) -> str:
+    """The figure as the notebook shows it after use_sharp_figures (tight bounding box)."""
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "course_attn"}):
+        buffer = io.StringIO()
+        fig.savefig(buffer, format="svg", bbox_inches="tight", dpi=viz.IMAGE_DPI,
+                    metadata={"Date": None})
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _font_sizes(svg: str) -> list[tuple[float, str]]:
+    """Every font size the SVG writes, with the text it writes at that size."""
+    sizes = []
+    for match in re.finditer(r"<(text|tspan)\b[^>]*?font-size: ([\d.]+)px[^>]*>([^<]*)", svg):
+        sizes.append((float(match.group(2)), match.group(3)))
+    return sizes
+
+
+def _phone_px(size_pt: float, width_pt: float) -> float:
+    """CSS pixels of ``size_pt`` text in an SVG ``width_pt`` wide, shown on a 400 px phone:
+    1 pt is 4/3 px at the figure's own size, and a wider figure is scaled down to fit."""
+    return size_pt * min(4 / 3, viz.PHONE_WIDTH_PX / width_pt)
+
+
+def _assert_phone_readable(svg: str) -> None:
+    width_pt = float(re.search(r'<svg[^>]*\bwidth="([\d.]+)pt"', svg).group(1))
+    assert width_pt <= 7.2 * 72  # sized for the column (a tight box may add a margin)
+    assert "DejaVuSans-" not in svg  # no glyphs drawn as paths: every letter is measured
+    sizes = _font_sizes(svg)
+    assert sizes, "no text found"
+    small = [(size, text) for size, text in sizes if _phone_px(size, width_pt) < viz.MIN_TEXT_PX]
+    assert not small, f"text under 9 px on a phone ({width_pt:.0f} pt wide): {small[:5]}"
+
+
+def _a_result() -> TrainResult:
+    config = TrainConfig(max_iters=100, lr=0.01, warmup_iters=10)
+    losses = list(3 - np.log1p(np.arange(100)) / 3)
+    return TrainResult(train_losses=losses,
+                       learning_rates=[learning_rate(i, config) for i in range(100)],
+                       eval_iters=[50, 100], eval_train_losses=[2.0, 1.7],
+                       eval_val_losses=[2.1, 1.8])
+
+
+# Each viz plot at its default size, with data like the chapters'.
+_WEIGHTS = torch.softmax(torch.randn(4, 8, 8, generator=torch.Generator().manual_seed(0)), -1)
+PLOTS = {
+    "plot_attention": lambda: viz.plot_attention(_WEIGHTS[0], SENTENCE, SENTENCE,
+                                                 title="one head").figure,
+    "plot_attention, 14 keys": lambda: viz.plot_attention(
+        torch.softmax(torch.randn(3, 14), -1), [f"tok{i}" for i in range(14)],
+        ["name", "tech", "nothing"], title="attention pooling").figure,
+    "plot_mask": lambda: viz.plot_mask(torch.tril(torch.ones(8, 8, dtype=torch.bool)),
+                                       title="causal").figure,
+    "plot_heads": lambda: viz.plot_heads(_WEIGHTS, SENTENCE, SENTENCE)[0].figure,
+    "plot_heads, values": lambda: viz.plot_heads(_WEIGHTS, SENTENCE, SENTENCE,
+                                                 annotate=True)[0].figure,
+    "plot_heatmap": lambda: viz.plot_heatmap(torch.randn(50, 64), xlabel="dimension",
+                                             ylabel="position", title="table").figure,
+    "plot_distribution": lambda: viz.plot_distribution(
+        torch.softmax(torch.randn(14), 0), [f"tok{i}" for i in range(14)]).figure,
+    "plot_curves": lambda: viz.plot_curves(
+        [2, 4, 8, 16, 32, 64], {"RNN": [0.5 ** n for n in (2, 4, 8, 16, 32, 64)],
+                                "theory: 1/T": [1 / n for n in (2, 4, 8, 16, 32, 64)]},
+        logx=True, logy=True, xlabel="T", ylabel="influence", title="curves").figure,
+    "plot_blocks": lambda: viz.plot_blocks(torch.tensor([[2, 0], [2, 1]]), title="grid").figure,
+    "plot_training": lambda: viz.plot_training(_a_result(), floor=1.5, title="run")[0].figure,
+}
+
+
+@pytest.mark.parametrize("name", list(DIAGRAMS))
+def test_every_diagram_is_readable_on_a_phone(name):
+    _assert_phone_readable(_svg(DIAGRAMS[name]()))
+
+
+@pytest.mark.parametrize("name", list(PLOTS))
+def test_every_plot_is_readable_on_a_phone(name):
+    _assert_phone_readable(_svg(PLOTS[name]()))
+
+
+def test_the_bound_is_9_px_at_400_px_for_the_column_and_no_scaling_below_it():
+    assert viz.readable_font_size(7.0) == pytest.approx(9 * 504 / 400)
+    assert viz.readable_font_size(2.0) == pytest.approx(9 * 3 / 4)  # shown at its own size
+    assert _phone_px(viz.readable_font_size(5.5), 5.5 * 72) == pytest.approx(9)
+    for bad, error in ((0, ValueError), (-1.0, ValueError), ("7", TypeError),
+                       (True, TypeError)):
+        with pytest.raises(error, match="^width must be a positive number"):
+            viz.readable_font_size(bad)
+
+
+def test_use_sharp_figures_shows_figures_as_reproducible_svg_with_text(shell):
+    viz.use_sharp_figures()
+    formatters = shell.display_formatter.formatters
+    fig = DIAGRAMS["qkv_data_flow"]()
+    svg = formatters["image/svg+xml"](fig)
+    assert svg is not None and svg.lstrip().startswith("<?xml")
+    assert formatters["image/png"](fig) is None  # no PNG beside it
+    assert "<text" in svg and "Single-head attention" in svg  # text, not paths
+    assert "<dc:date>" not in svg
+    assert formatters["image/svg+xml"](fig) == svg  # the same bytes again: nbval can compare
+    assert plt.rcParams["svg.fonttype"] == "none"
+    plt.close(fig)
+
+
+def test_heatmap_images_are_embedded_at_twice_the_screen_resolution(shell):
+    viz.use_sharp_figures()
+    ax = viz.plot_heatmap(torch.randn(50, 64))
+    svg = shell.display_formatter.formatters["image/svg+xml"](ax.figure)
+    images = [(float(re.search(r'\bwidth="([\d.]+)"', tag).group(1)),
+               re.search(r'base64,([^"]+)"', tag).group(1))
+              for tag in re.findall(r"<image\b.*?/>", svg, re.S)]
+    assert len(images) == 2  # the heatmap and its colour bar
+    width_pt, data = max(images)
+    png = base64.b64decode(data)
+    pixels = struct.unpack(">I", png[16:20])[0]  # the width in the PNG header
+    assert pixels == pytest.approx(float(width_pt) / 72 * viz.IMAGE_DPI, abs=2)
+    assert len(svg) < 60_000  # one image, not 3200 rectangles
+    plt.close(ax.figure)
+
+
+def test_svg_sizes_stay_reasonable():
+    """The largest heatmap figures of the course, as the notebooks will show them."""
+    heads = _svg(viz.plot_heads(_WEIGHTS, SENTENCE, SENTENCE)[0].figure)
+    chars = list("return self._qsize()")
+    weights = torch.softmax(torch.randn(16, 20, 20, generator=torch.Generator().manual_seed(1)),
+                            -1)
+    text_heads = _svg(viz.plot_heads(weights, chars, chars)[0].figure)  # chapter 11: 4 x 4
+    assert len(heads.encode()) < 80_000 and len(text_heads.encode()) < 450_000
