@@ -442,6 +442,8 @@ case("viz.plot_mask", "mask", TypeError, lambda: viz.plot_mask(object()))
 case("viz.plot_mask", "mask", ValueError, lambda: viz.plot_mask(W2 + 2))
 case("viz.plot_mask", "x_labels", ValueError,
      lambda: viz.plot_mask(torch.eye(2, dtype=torch.bool), x_labels=["a"]))
+case("viz.readable_font_size", "width", TypeError, lambda: viz.readable_font_size("7"))
+case("viz.readable_font_size", "width", ValueError, lambda: viz.readable_font_size(0))
 case("viz.plot_heads", "weights", TypeError, lambda: viz.plot_heads("heads"))
 case("viz.plot_heads", "weights", ValueError, lambda: viz.plot_heads(W2))
 case("viz.plot_heads", "head_names", ValueError,

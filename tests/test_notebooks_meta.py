@@ -185,16 +185,29 @@ def test_code_and_printed_lines_fit_the_site_column(path):
 
 
 @notebook_params
+def _svg_width(svg: str) -> float:
+    """The CSS pixels an SVG figure asks for: its ``width`` in points, at 96 px per 72 pt."""
+    match = re.search(r'<svg[^>]*\swidth="([\d.]+)pt"', svg)
+    assert match, "an SVG figure without a width in points"
+    return float(match.group(1)) * 96 / 72
+
+
 def test_figures_fit_the_column_and_have_alt_text(path):
     for index, cell in enumerate(_code_cells(_load(path)), start=1):
-        images = [out["data"]["image/png"] for out in cell.get("outputs", [])
-                  if "image/png" in out.get("data", {})]
+        images = []
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "image/svg+xml" in data:  # sharp figures (viz.use_sharp_figures)
+                svg = data["image/svg+xml"]
+                images.append(_svg_width(svg if isinstance(svg, str) else "".join(svg)))
+            elif "image/png" in data:
+                png = data["image/png"]
+                images.append(_png_width(png if isinstance(png, str) else "".join(png)))
         if not images:
             continue
         alt = cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt", "")
         assert len(alt.strip()) >= 12, f"{path.name}, code cell {index}: no alt text"
-        for data in images:
-            width = _png_width(data if isinstance(data, str) else "".join(data))
+        for width in images:
             assert width <= FIGURE_COLUMN_PX, (
                 f"{path.name}, code cell {index}: a figure {width} px wide is squeezed into "
                 f"the {FIGURE_COLUMN_PX} px column"

@@ -40,6 +40,7 @@ __all__ = [
     "plot_heads",
     "plot_mask",
     "plot_training",
+    "readable_font_size",
     "use_sharp_figures",
 ]
 
