@@ -184,7 +184,6 @@ def test_code_and_printed_lines_fit_the_site_column(path):
         too_long[:10])
 
 
-@notebook_params
 def _svg_width(svg: str) -> float:
     """The CSS pixels an SVG figure asks for: its ``width`` in points, at 96 px per 72 pt."""
     match = re.search(r'<svg[^>]*\swidth="([\d.]+)pt"', svg)
@@ -192,6 +191,7 @@ def _svg_width(svg: str) -> float:
     return float(match.group(1)) * 96 / 72
 
 
+@notebook_params
 def test_figures_fit_the_column_and_have_alt_text(path):
     for index, cell in enumerate(_code_cells(_load(path)), start=1):
         images = []
