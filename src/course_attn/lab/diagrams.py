@@ -1,4 +1,4 @@
-"""Explanatory diagrams: the course's drawings of data flow and shapes, by code.
+"""Explanatory diagrams (Chapters 1 to 11): the drawings of data flow and shapes, by code.
 
 Each function draws one diagram with matplotlib alone (boxes, arrows and small grids of
 cells for matrices), so it renders the same in Jupyter, on Colab and, as an SVG output (see
