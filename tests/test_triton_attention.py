@@ -25,6 +25,7 @@ from torch.testing import assert_close  # noqa: E402
 from course_attn import triton_attention  # noqa: E402
 from course_attn.core import triton_attention as module  # noqa: E402
 from course_attn.core.attention import ATTENTION_IMPLS, attention  # noqa: E402
+from course_attn.core.layers import MultiHeadAttention  # noqa: E402
 from course_attn.models.gpt import GPTConfig, MiniGPT  # noqa: E402
 from course_attn.train.cli import build_parser  # noqa: E402
 
@@ -296,3 +297,12 @@ def test_importing_the_package_does_not_import_triton():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, timeout=120)
     assert result.stdout.split() == ["False"]
+
+
+def test_a_layer_or_model_built_for_the_kernel_refuses_wide_heads_at_construction():
+    with pytest.raises(ValueError, match=r"impl='triton' takes head sizes up to 128, got "
+                                         r"head_dim = d_model / n_heads = 256"):
+        GPTConfig(vocab_size=5, context_length=8, d_model=256, n_heads=1, impl="triton")
+    with pytest.raises(ValueError, match=r"head_dim = d_model / n_heads = 160"):
+        MultiHeadAttention(320, 2, impl="triton")
+    assert MultiHeadAttention(256, 2, impl="triton").head_dim == 128  # the limit itself

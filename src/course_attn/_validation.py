@@ -56,6 +56,7 @@ __all__ = [
     "explain_out_of_memory",
     "check_head_split",
     "check_head_sizes_at_most",
+    "check_impl_head_dim",
     "check_power_of_two_block",
     "check_left_padding",
     "check_nonnegative_int",
@@ -457,6 +458,13 @@ def check_head_sizes_at_most(q: Tensor, v: Tensor, limit: int, path: str) -> Non
             raise ValueError(f"{path} takes head sizes up to {limit}: {name} has {size} = "
                              f"{tensor.shape[-1]} (shape {tuple(tensor.shape)}); use "
                              f"impl='sdpa' or impl='manual' for wider heads")
+
+
+def check_impl_head_dim(impl: str, head_dim: int, limit: int) -> None:
+    """A layer or config built for ``impl="triton"`` needs ``head_dim <= limit``."""
+    if impl == "triton" and head_dim > limit:
+        raise ValueError(f"impl='triton' takes head sizes up to {limit}, got head_dim = "
+                         f"d_model / n_heads = {head_dim}; use more heads, or impl='sdpa'")
 
 
 def check_power_of_two_block(value: object, name: str) -> int:

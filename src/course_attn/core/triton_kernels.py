@@ -36,11 +36,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["flash_backward", "flash_forward"]
+__all__ = ["backward_dk_dv_kernel", "backward_dq_kernel", "flash_backward", "flash_forward",
+           "forward_kernel"]
 
 
+# The forward: one program per (query block, batch x head), a loop over key blocks.
 @triton.jit
-def _forward_kernel(
+def forward_kernel(
     Q, K, V, Out, LSE,  # (BH, T_q, d_k), (BH, T_k, d_k), (BH, T_k, d_v), (BH, T_q, d_v), (BH, T_q)
     Mask, Bias, Seed, Scale,  # (B, H, T_q, T_k) by strides (0 where broadcast); (1,) each
     n_heads, t_q, t_k, dropout_p,
@@ -114,8 +116,10 @@ def _forward_kernel(
     tl.store(LSE + bh * t_q + rows, lse, mask=row_ok)
 
 
+# The backward's first kernel: one program per (key block, batch x head), a loop over
+# the query blocks that may see it; it owns its rows of dK and dV (and of dBias).
 @triton.jit
-def _backward_dkdv_kernel(
+def backward_dk_dv_kernel(
     Q, K, V, dOut, LSE, Delta, dK, dV, dBias,  # dBias: (BH, T_q, T_k) float32, if asked
     Mask, Bias, Seed, Scale,
     n_heads, t_q, t_k, dropout_p,
@@ -191,8 +195,10 @@ def _backward_dkdv_kernel(
              grad_v.to(dV.dtype.element_ty), mask=col_ok[:, None] & (dv[None, :] < D_V))
 
 
+# The backward's second kernel: one program per (query block, batch x head), a loop over
+# key blocks as in the forward; it owns its rows of dQ.
 @triton.jit
-def _backward_dq_kernel(
+def backward_dq_kernel(
     Q, K, V, dOut, LSE, Delta, dQ,
     Mask, Bias, Seed, Scale,
     n_heads, t_q, t_k, dropout_p,
@@ -296,7 +302,7 @@ def flash_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Te
     shared, constants = _launch_options(q, v, mask, bias, seed, n_heads, is_causal, scale,
                                         dropout_p, block_q, block_k)
     grid = (triton.cdiv(t_q, block_q), bh)
-    _forward_kernel[grid](q, k, v, out, lse, *shared, **constants)
+    forward_kernel[grid](q, k, v, out, lse, *shared, **constants)
     return out, lse
 
 
@@ -319,9 +325,9 @@ def flash_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
                  if bias_grad else None)  # (BH, T_q, T_k): skipped causal tiles stay 0
     shared, constants = _launch_options(q, v, mask, bias, seed, n_heads, is_causal, scale,
                                         dropout_p, block_q, block_k)
-    _backward_dkdv_kernel[(triton.cdiv(t_k, block_k), bh)](
+    backward_dk_dv_kernel[(triton.cdiv(t_k, block_k), bh)](
         q, k, v, grad_out, lse, delta, grad_k, grad_v,
         grad_bias if grad_bias is not None else q, *shared, BIAS_GRAD=bias_grad, **constants)
-    _backward_dq_kernel[(triton.cdiv(t_q, block_q), bh)](
+    backward_dq_kernel[(triton.cdiv(t_q, block_q), bh)](
         q, k, v, grad_out, lse, delta, grad_q, *shared, **constants)
     return grad_q, grad_k, grad_v, grad_bias
