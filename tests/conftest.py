@@ -1,6 +1,60 @@
-"""Shared pytest hooks. The site test (tests/test_site.py) leaves a summary to print."""
+"""Shared pytest hooks. The site test (tests/test_site.py) leaves a summary to print.
+
+The ``"triton"`` attention path runs its kernel compiled on a CUDA GPU, and on CPU tensors
+only under Triton's interpreter, which must be switched on before ``triton`` is first
+imported: here, before any test module is collected. Without a GPU it is switched on
+(unless the environment already says ``TRITON_INTERPRET``), so every test parametrized over
+``ATTENTION_IMPLS`` runs the kernel on the CPU. With a GPU it stays off, so that
+``tests/test_triton_attention.py`` runs the compiled kernel; the CPU-tensor tests of the
+other paths then skip ``impl="triton"``, as they do where triton is not installed.
+"""
 
 from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+TRITON_FOUND = importlib.util.find_spec("triton") is not None
+if TRITON_FOUND and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+#: The interpreter runs every program of every launch in Python (about 0.25 s for one small
+#: attention call): the model-variant matrix runs impl="triton" on the two variants that use
+#: every feature the kernel has (bias or rotation, grouped heads, a window mask), and greedy
+#: decoding (dozens of calls per token) only where the kernel is compiled.
+TRITON_VARIANTS = {"rope+gqa+window", "alibi+gqa+window"}
+
+
+def _triton_skip_reason(item) -> str | None:
+    """Why a test parametrized with ``impl="triton"`` is skipped here (None: it runs)."""
+    if "test_triton_attention" in item.nodeid:
+        return None  # that module decides for itself
+    if not TRITON_FOUND:
+        return "triton is not installed (impl='triton' needs it; Linux only)"
+    if not INTERPRETING:
+        return ("CPU tensors run impl='triton' only under TRITON_INTERPRET=1 (off: a GPU is "
+                "here, and tests/test_triton_attention.py runs the compiled kernel)")
+    params = item.callspec.params
+    if "test_model_variants" in item.nodeid and "greedy" in item.name:
+        return "greedy decoding through Triton's interpreter takes minutes (compiled on a GPU)"
+    variant = params.get("variant", "")
+    if "test_model_variants" in item.nodeid and "meta" not in item.name and variant and \
+            variant not in TRITON_VARIANTS:
+        return f"the interpreter runs impl='triton' on the variants {sorted(TRITON_VARIANTS)}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip ``impl="triton"`` in the shared tests where its kernel cannot run, or crawls."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("impl") == "triton":
+            reason = _triton_skip_reason(item)
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

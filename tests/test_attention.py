@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -11,6 +12,12 @@ from torch.testing import assert_close
 
 from course_attn.core.attention import ATTENTION_IMPLS, attention, scaled_dot_product_attention
 from course_attn.core.masks import causal_mask
+from course_attn.core.triton_attention import TRITON_FOUND
+
+#: The paths this run can execute: the Triton kernel needs triton, and on CPU tensors its
+#: interpreter (tests/conftest.py switches it on where no GPU is).
+RUNNABLE = tuple(impl for impl in ATTENTION_IMPLS if impl != "triton" or (
+    TRITON_FOUND and os.environ.get("TRITON_INTERPRET") == "1"))
 
 
 def _random_case(seed: int, dtype: torch.dtype):
@@ -123,14 +130,15 @@ def test_every_impl_of_the_switch_agrees_in_outputs_and_gradients(seed, dtype):
     g, q0, k0, v0 = _random_case(seed, dtype)
     mask = _random_mask(g, (*q0.shape[:-1], k0.shape[-2]), keep_one=False)  # may drop rows
     results = {}
-    for impl in ATTENTION_IMPLS:
+    for impl in RUNNABLE:
         q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
         out, weights = attention(q, k, v, mask, impl=impl)
         assert (weights is None) == (impl != "manual")  # only the manual path has weights
         out.pow(2).sum().backward()
         results[impl] = (out, q.grad, k.grad, v.grad)
-    assert set(results) == {"manual", "sdpa", "tiled"}
-    for impl in ("sdpa", "tiled"):
+    assert set(ATTENTION_IMPLS) == {"manual", "sdpa", "tiled", "triton"}
+    assert {"manual", "sdpa", "tiled"} <= set(results)
+    for impl in (impl for impl in RUNNABLE if impl != "manual"):
         for manual, other in zip(results["manual"], results[impl], strict=True):
             assert torch.isfinite(manual).all()
             assert_close(manual, other, **_tol(dtype))
@@ -264,7 +272,8 @@ def test_bad_inputs_raise_clear_errors(impl):
 def test_unknown_impl_names_the_argument():
     q, k, v = _qkv()
     with pytest.raises(ValueError,
-                       match=r"impl must be one of \('manual', 'sdpa', 'tiled'\), got 'flash'"):
+                       match=r"impl must be one of \('manual', 'sdpa', 'tiled', 'triton'\), "
+                             r"got 'flash'"):
         attention(q, k, v, impl="flash")
 
 

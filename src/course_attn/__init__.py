@@ -37,6 +37,7 @@ from .core.tiled import (
     online_softmax,
     tiled_attention,
 )
+from .core.triton_attention import triton_attention
 from .data.seq2seq import (
     ReverseTask,
     Seq2SeqBatch,
@@ -165,6 +166,8 @@ __all__ = [
     "merge_softmax_states",
     "online_softmax",
     "tiled_attention",
+    # issue 27, the FlashAttention-2 kernel in Triton
+    "triton_attention",
 ]
 
 

@@ -55,6 +55,9 @@ __all__ = [
     "check_qkv",
     "explain_out_of_memory",
     "check_head_split",
+    "check_head_sizes_at_most",
+    "check_impl_head_dim",
+    "check_power_of_two_block",
     "check_left_padding",
     "check_nonnegative_int",
     "check_choice",
@@ -446,6 +449,30 @@ def check_attention_args(q: object, k: object, v: object, mask: object = None, *
                              f"attention scores' shape {tuple(scores_shape)}")
         bias = bias.to(q.device, q.dtype)  # a no-op when it is already there
     return q, k, v, mask, scale, bias
+
+
+def check_head_sizes_at_most(q: Tensor, v: Tensor, limit: int, path: str) -> None:
+    """A path that holds a row of a head in registers takes ``d_k, d_v <= limit``."""
+    for tensor, name, size in ((q, "q", "d_k"), (v, "v", "d_v")):
+        if tensor.shape[-1] > limit:
+            raise ValueError(f"{path} takes head sizes up to {limit}: {name} has {size} = "
+                             f"{tensor.shape[-1]} (shape {tuple(tensor.shape)}); use "
+                             f"impl='sdpa' or impl='manual' for wider heads")
+
+
+def check_impl_head_dim(impl: str, head_dim: int, limit: int) -> None:
+    """A layer or config built for ``impl="triton"`` needs ``head_dim <= limit``."""
+    if impl == "triton" and head_dim > limit:
+        raise ValueError(f"impl='triton' takes head sizes up to {limit}, got head_dim = "
+                         f"d_model / n_heads = {head_dim}; use more heads, or impl='sdpa'")
+
+
+def check_power_of_two_block(value: object, name: str) -> int:
+    """A kernel's tile size: a power of two >= 16 (``tl.dot`` needs 16 rows at least)."""
+    value = check_positive_int(value, name)
+    if value < 16 or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+    return value
 
 
 def trust_children(parent: nn.Module) -> None:

@@ -8,7 +8,10 @@ dropout_p, bias) -> (out, weights or None)``.
 * :func:`attention_sdpa`, PyTorch's fused ``scaled_dot_product_attention``, with the
   course's mask conventions;
 * :func:`~course_attn.core.tiled.attention_tiled`, the FlashAttention algorithm written
-  in torch (chapter 9).
+  in torch (chapter 9);
+* :func:`~course_attn.core.triton_attention.attention_triton`, the same algorithm as a
+  FlashAttention-2 kernel in Triton (chapter 9): compiled on a CUDA GPU, or run by
+  Triton's interpreter on the CPU (``TRITON_INTERPRET=1``).
 
 They check nothing: :func:`attention` (and :func:`scaled_dot_product_attention`, the
 manual path alone) checks the arguments once and picks a path by name from
@@ -24,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._validation import check_attention_args, check_choice
+from .._validation import check_attention_args, check_choice, check_head_sizes_at_most
 from .tiled import attention_tiled
+from .triton_attention import MAX_TRITON_HEAD_SIZE, attention_triton
 
 __all__ = [
     "ATTENTION_FUNCTIONS",
@@ -136,11 +140,13 @@ def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
 
 
 #: The attention paths by name: what ``impl`` picks in :func:`attention`, the layers and
-#: ``GPTConfig``. ``"tiled"`` is chapter 9's FlashAttention model in torch.
+#: ``GPTConfig``. ``"tiled"`` is chapter 9's FlashAttention model in torch, ``"triton"``
+#: the same algorithm as a Triton kernel (it needs the triton package).
 ATTENTION_FUNCTIONS: dict[str, AttentionFunction] = {
     "manual": attention_manual,
     "sdpa": attention_sdpa,
     "tiled": attention_tiled,
+    "triton": attention_triton,
 }
 ATTENTION_IMPLS = tuple(ATTENTION_FUNCTIONS)
 
@@ -199,7 +205,7 @@ def attention(
     bias: Tensor | None = None,
     impl: str = "manual",
 ) -> tuple[Tensor, Tensor | None]:
-    """The one switch between the manual, the fused and the tiled attention path (Chapters 4, 9).
+    """The one switch between the attention paths: manual, fused, tiled, Triton (Chapters 4, 9).
 
     Same arguments and semantics as :func:`scaled_dot_product_attention`; ``impl``
     is ``"manual"`` (returns the weights), ``"sdpa"`` (PyTorch's fused kernel,
@@ -207,8 +213,12 @@ def attention(
     never materialises) or ``"tiled"`` (the FlashAttention algorithm written in
     torch, exact and ``O(T)`` in memory but slow, a model of the kernel; also
     ``None`` for the weights; dropout by a position hash, so its random mask
-    differs from the other paths' for the same seed). Checks its arguments once,
-    then calls ``ATTENTION_FUNCTIONS[impl]``.
+    differs from the other paths' for the same seed) or ``"triton"`` (the same
+    algorithm as a FlashAttention-2 kernel in Triton, ``None`` for the weights, dropout
+    by a position hash too; head sizes up to 128; on CPU tensors it needs Triton's
+    interpreter, ``TRITON_INTERPRET=1``, and it needs the triton package: see
+    ``course_attn.core.triton_attention``). Checks its arguments once, then calls
+    ``ATTENTION_FUNCTIONS[impl]``.
 
     Like the manual path it never reads tensor values (no host-device sync):
     NaN or inf inputs propagate (padded keys excepted, which are contained).
@@ -216,5 +226,7 @@ def attention(
     check_choice(impl, "impl", ATTENTION_IMPLS)
     q, k, v, mask, scale, bias = check_attention_args(
         q, k, v, mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p, bias=bias)
+    if impl == "triton":
+        check_head_sizes_at_most(q, v, MAX_TRITON_HEAD_SIZE, "impl='triton'")
     return ATTENTION_FUNCTIONS[impl](q, k, v, mask, is_causal=is_causal, scale=scale,
                                      dropout_p=dropout_p, bias=bias)

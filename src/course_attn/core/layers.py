@@ -24,6 +24,7 @@ from .._validation import (
     check_bool,
     check_choice,
     check_head_split,
+    check_impl_head_dim,
     check_kv_heads,
     check_positive_int,
     check_positive_real,
@@ -41,6 +42,7 @@ from .checks import (
 )
 from .kv_cache import KVCache
 from .masks import scores_mask
+from .triton_attention import MAX_TRITON_HEAD_SIZE
 
 __all__ = [
     "ACTIVATIONS",
@@ -109,6 +111,7 @@ class MultiHeadAttention(nn.Module):
                                                                             n_kv_heads)[1]
         self.dropout = check_probability(dropout, "dropout")
         self.impl = check_choice(impl, "impl", ATTENTION_IMPLS)
+        check_impl_head_dim(self.impl, self.head_dim, MAX_TRITON_HEAD_SIZE)
         self.attention_fn = check_attention_function(attention_fn)
         check_bool(bias, "bias")
         kv_width = self.n_kv_heads * self.head_dim

@@ -28,6 +28,7 @@ from .._validation import (
     check_bool,
     check_choice,
     check_head_split,
+    check_impl_head_dim,
     check_kv_heads,
     check_positive_int,
     check_positive_real,
@@ -46,6 +47,7 @@ from ..core.layers import (
     sinusoidal_table,
 )
 from ..core.masks import causal_mask
+from ..core.triton_attention import MAX_TRITON_HEAD_SIZE
 from ..modern.alibi import alibi_bias, alibi_slopes
 from ..modern.rope import rope_rotation
 from ..modern.sliding_window import sliding_window_mask
@@ -117,6 +119,7 @@ class GPTConfig:
         for name in ("bias", "tie_weights"):
             check_bool(getattr(self, name), name)
         check_choice(self.impl, "impl", ATTENTION_IMPLS)
+        check_impl_head_dim(self.impl, head_dim, MAX_TRITON_HEAD_SIZE)
         check_positive_real(self.init_std, "init_std")
         check_choice(self.norm, "norm", NORMS)
         check_choice(self.activation, "activation", ACTIVATIONS)
