@@ -85,6 +85,44 @@ def test_train_records_history_and_speed():
     json.dumps(metrics)  # plain data only
 
 
+def test_train_seconds_count_the_training_steps_alone(monkeypatch):
+    """MFU over training steps (chapter 11) needs their time without evaluation or callbacks.
+
+    A fake clock: each training step takes 1 s, each evaluation 100 s, each on_eval
+    callback 1000 s. Only the steps may count, and not the first (kernel selection and
+    compilation happen there).
+    """
+    from course_attn.train import loop
+
+    clock = [0.0]
+    real_lr, real_estimate = loop.learning_rate, loop.estimate_loss
+
+    def step_lr(it, config):  # called once per training step
+        clock[0] += 1.0
+        return real_lr(it, config)
+
+    def slow_estimate(*args, **kwargs):
+        clock[0] += 100.0
+        return real_estimate(*args, **kwargs)
+
+    def slow_callback(iteration, model, result):
+        clock[0] += 1000.0
+
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(loop, "learning_rate", step_lr)
+    monkeypatch.setattr(loop, "estimate_loss", slow_estimate)
+    config = quick(max_iters=6, eval_interval=2, eval_iters=2)
+    result = train(tiny_model(), TASK, config, on_eval=slow_callback)
+    assert result.elapsed_s == 6 * 1.0 + 3 * 100.0 + 3 * 1000.0
+    assert result.timed_iters == config.max_iters - 1  # the first iteration is left out
+    assert result.train_seconds == 5 * 1.0  # the five timed steps, nothing else
+    assert result.ms_per_iter == 1e3 * result.train_seconds / result.timed_iters
+    per_batch = TASK.context_length * config.batch_size
+    assert result.tokens_per_s == per_batch * result.timed_iters / result.train_seconds
+    metrics = result.to_metrics()
+    assert (metrics["train_seconds"], metrics["timed_iters"]) == (5.0, 5)
+
+
 def test_losses_are_read_back_in_stretches_but_every_iteration_is_kept(monkeypatch):
     """One read-back (a host-device sync on a GPU) per log_interval, not per iteration."""
     read_backs = []

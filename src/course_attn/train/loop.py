@@ -260,6 +260,15 @@ class TrainResult:
     loss of that iteration's batch (before its optimizer step) and the
     learning rate that step used. The ``eval_*`` lists hold one entry per
     evaluation.
+
+    ``train_seconds`` is the time spent in training steps alone, over
+    ``timed_iters`` iterations: the first iteration of each call (kernel selection,
+    ``torch.compile``'s compilation), the evaluations, the checkpoints and the
+    ``on_eval`` callbacks are left out. ``ms_per_iter`` and ``tokens_per_s`` are
+    computed from these two; ``elapsed_s`` is the wall time of the whole call. The
+    model FLOPs utilisation of the training steps is therefore
+    ``flops_per_token * tokens_per_batch * timed_iters / train_seconds / peak``
+    (chapter 11).
     """
 
     train_losses: list[float] = field(default_factory=list)  # one per iteration
@@ -272,6 +281,8 @@ class TrainResult:
     n_params: int = 0
     device: str = "cpu"
     elapsed_s: float = 0.0
+    train_seconds: float = 0.0  # the timed training steps only: no evaluation, no compiling
+    timed_iters: int = 0  # the iterations train_seconds covers
 
     def __post_init__(self) -> None:
         for name in ("train_losses", "learning_rates", "eval_iters", "eval_train_losses",
@@ -280,14 +291,16 @@ class TrainResult:
             if not isinstance(value, list) or not all(
                     isinstance(v, int | float) and not isinstance(v, bool) for v in value):
                 raise TypeError(f"{name} must be a list of numbers, got {value!r}")
-        for name in ("ms_per_iter", "tokens_per_s", "elapsed_s"):
+        for name in ("ms_per_iter", "tokens_per_s", "elapsed_s", "train_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"{name} must be a number, got {value!r}")
-        if isinstance(self.n_params, bool) or not isinstance(self.n_params, int):
-            raise TypeError(f"n_params must be an int, got {self.n_params!r}")
-        if self.n_params < 0:
-            raise ValueError(f"n_params must be >= 0, got {self.n_params}")
+        for name in ("n_params", "timed_iters"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
         if not isinstance(self.device, str):
             raise TypeError(f"device must be a str, got {self.device!r}")
 
@@ -324,6 +337,8 @@ class TrainResult:
             "device": self.device,
             "torch_version": torch.__version__,
             "elapsed_s": self.elapsed_s,
+            "train_seconds": self.train_seconds,
+            "timed_iters": self.timed_iters,
         }
 
 
@@ -743,6 +758,7 @@ class _Run:
     def _finish(self) -> None:
         self.bar.close()
         self.result.elapsed_s = time.perf_counter() - self.t_start
+        self.result.train_seconds, self.result.timed_iters = self.train_seconds, self.timed_iters
         if self.timed_iters:
             self.result.ms_per_iter = 1000.0 * self.train_seconds / self.timed_iters
             self.result.tokens_per_s = (self.objective.tokens_per_batch * self.timed_iters
