@@ -36,8 +36,38 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["backward_dk_dv_kernel", "backward_dq_kernel", "flash_backward", "flash_forward",
-           "forward_kernel"]
+__all__ = ["backward_dk_dv_kernel", "backward_dq_kernel", "dropout_keep", "flash_backward",
+           "flash_forward", "forward_kernel", "tile_scores"]
+
+
+# Two steps every kernel takes on every tile, written once.
+@triton.jit
+def tile_scores(q, k, rows, cols, row_ok, col_ok, b, h, offset, scale, acc_dtype: tl.constexpr,
+                Mask, Bias, mask_sb, mask_sh, mask_sq, mask_sk, bias_sb, bias_sh, bias_sq,
+                bias_sk, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+                HAS_BIAS: tl.constexpr):
+    # A tile's scores (BQ, BK) and which of them are allowed: bounds, causal, the mask.
+    # (BQ, BDK) @ (BDK, BK) -> (BQ, BK)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee").to(acc_dtype) * scale
+    allowed = row_ok[:, None] & col_ok[None, :]
+    if HAS_BIAS:
+        s += tl.load(Bias + b * bias_sb + h * bias_sh + rows[:, None] * bias_sq
+                     + cols[None, :] * bias_sk, mask=allowed, other=0.0).to(acc_dtype)
+    if IS_CAUSAL:  # bottom-right: query i sees key j <= i + offset
+        allowed &= cols[None, :] <= rows[:, None] + offset
+    if HAS_MASK:
+        allowed &= tl.load(Mask + b * mask_sb + h * mask_sh + rows[:, None] * mask_sq
+                           + cols[None, :] * mask_sk, mask=allowed, other=0) != 0
+    return s, allowed
+
+
+@triton.jit
+def dropout_keep(Seed, bh, t_q, t_k, rows, cols, dropout_p):
+    # Which weights of a tile dropout keeps: a counter-based random number of each
+    # weight's position (tl.rand), so the backward draws the forward's mask again.
+    seed = tl.load(Seed)
+    where = (bh * t_q + rows[:, None]) * t_k + cols[None, :]  # int64 positions
+    return tl.rand(seed, where) >= dropout_p
 
 
 # The forward: one program per (query block, batch x head), a loop over key blocks.
@@ -77,17 +107,10 @@ def forward_kernel(
                     mask=col_ok[:, None] & (dk[None, :] < D_K), other=0.0)  # (BK, BDK)
         v = tl.load(V + bh * t_k * D_V + cols[:, None] * D_V + dv[None, :],
                     mask=col_ok[:, None] & (dv[None, :] < D_V), other=0.0)  # (BK, BDV)
-        # (BQ, BDK) @ (BDK, BK) -> (BQ, BK): this tile's scores
-        s = tl.dot(q, tl.trans(k), input_precision="ieee").to(acc_dtype) * scale
-        allowed = row_ok[:, None] & col_ok[None, :]
-        if HAS_BIAS:
-            s += tl.load(Bias + b * bias_sb + h * bias_sh + rows[:, None] * bias_sq
-                         + cols[None, :] * bias_sk, mask=allowed, other=0.0).to(acc_dtype)
-        if IS_CAUSAL:
-            allowed &= cols[None, :] <= rows[:, None] + offset
-        if HAS_MASK:
-            allowed &= tl.load(Mask + b * mask_sb + h * mask_sh + rows[:, None] * mask_sq
-                               + cols[None, :] * mask_sk, mask=allowed, other=0) != 0
+        s, allowed = tile_scores(  # (BQ, BK): this tile's scores
+            q, k, rows, cols, row_ok, col_ok, b, h, offset, scale, acc_dtype, Mask, Bias,
+            mask_sb, mask_sh, mask_sq, mask_sk, bias_sb, bias_sh, bias_sq, bias_sk,
+            IS_CAUSAL, HAS_MASK, HAS_BIAS)
         s = tl.where(allowed, s, float("-inf"))
 
         m_new = tl.maximum(m, tl.max(s, 1))  # (BQ,)
@@ -96,9 +119,7 @@ def forward_kernel(
         alpha = tl.exp(m - m_safe)  # rescales what was summed under the old max
         l = l * alpha + tl.sum(p, 1)  # noqa: E741  dropped weights still count in l
         if DROPOUT:
-            seed = tl.load(Seed)
-            where = (bh * t_q + rows[:, None]) * t_k + cols[None, :]  # int64 positions
-            keep = tl.rand(seed, where) >= dropout_p
+            keep = dropout_keep(Seed, bh, t_q, t_k, rows, cols, dropout_p)
             p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
         # a key no query of the tile may see is zeroed: 0 * NaN in a pad would be NaN
         seen = tl.max(allowed.to(tl.int32), 0) > 0  # (BK,)
@@ -159,24 +180,16 @@ def backward_dk_dv_kernel(
         lse = tl.load(LSE + bh * t_q + rows, mask=row_ok, other=float("inf"))  # (BQ,)
         delta = tl.load(Delta + bh * t_q + rows, mask=row_ok, other=0.0)  # (BQ,)
         # the tile's weights, recomputed: P = exp(s - L), the forward's softmax exactly
-        s = tl.dot(q, tl.trans(k), input_precision="ieee").to(acc_dtype) * scale  # (BQ, BK)
-        allowed = row_ok[:, None] & col_ok[None, :]
-        if HAS_BIAS:
-            s += tl.load(Bias + b * bias_sb + h * bias_sh + rows[:, None] * bias_sq
-                         + cols[None, :] * bias_sk, mask=allowed, other=0.0).to(acc_dtype)
-        if IS_CAUSAL:
-            allowed &= cols[None, :] <= rows[:, None] + offset
-        if HAS_MASK:
-            allowed &= tl.load(Mask + b * mask_sb + h * mask_sh + rows[:, None] * mask_sq
-                               + cols[None, :] * mask_sk, mask=allowed, other=0) != 0
+        s, allowed = tile_scores(
+            q, k, rows, cols, row_ok, col_ok, b, h, offset, scale, acc_dtype, Mask, Bias,
+            mask_sb, mask_sh, mask_sq, mask_sk, bias_sb, bias_sh, bias_sq, bias_sk,
+            IS_CAUSAL, HAS_MASK, HAS_BIAS)
         p = tl.where(allowed, tl.exp(s - lse[:, None]), 0.0)  # (BQ, BK)
         # (BQ, BDV) @ (BDV, BK) -> (BQ, BK): dP = dO V^T
         grad_p = tl.dot(grad_out, tl.trans(v), input_precision="ieee").to(acc_dtype)
         p_used = p
         if DROPOUT:  # the forward's dropout mask, drawn again from the same positions
-            seed = tl.load(Seed)
-            where = (bh * t_q + rows[:, None]) * t_k + cols[None, :]
-            keep = tl.rand(seed, where) >= dropout_p
+            keep = dropout_keep(Seed, bh, t_q, t_k, rows, cols, dropout_p)
             p_used = tl.where(keep, p / (1.0 - dropout_p), 0.0)
             grad_p = tl.where(keep, grad_p / (1.0 - dropout_p), 0.0)
         # (BK, BQ) @ (BQ, BDV) -> (BK, BDV): dV += P^T dO
@@ -235,22 +248,14 @@ def backward_dq_kernel(
                     mask=col_ok[:, None] & (dk[None, :] < D_K), other=0.0)  # (BK, BDK)
         v = tl.load(V + bh * t_k * D_V + cols[:, None] * D_V + dv[None, :],
                     mask=col_ok[:, None] & (dv[None, :] < D_V), other=0.0)  # (BK, BDV)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee").to(acc_dtype) * scale  # (BQ, BK)
-        allowed = row_ok[:, None] & col_ok[None, :]
-        if HAS_BIAS:
-            s += tl.load(Bias + b * bias_sb + h * bias_sh + rows[:, None] * bias_sq
-                         + cols[None, :] * bias_sk, mask=allowed, other=0.0).to(acc_dtype)
-        if IS_CAUSAL:
-            allowed &= cols[None, :] <= rows[:, None] + offset
-        if HAS_MASK:
-            allowed &= tl.load(Mask + b * mask_sb + h * mask_sh + rows[:, None] * mask_sq
-                               + cols[None, :] * mask_sk, mask=allowed, other=0) != 0
+        s, allowed = tile_scores(
+            q, k, rows, cols, row_ok, col_ok, b, h, offset, scale, acc_dtype, Mask, Bias,
+            mask_sb, mask_sh, mask_sq, mask_sk, bias_sb, bias_sh, bias_sq, bias_sk,
+            IS_CAUSAL, HAS_MASK, HAS_BIAS)
         p = tl.where(allowed, tl.exp(s - lse[:, None]), 0.0)  # (BQ, BK)
         grad_p = tl.dot(grad_out, tl.trans(v), input_precision="ieee").to(acc_dtype)
         if DROPOUT:
-            seed = tl.load(Seed)
-            where = (bh * t_q + rows[:, None]) * t_k + cols[None, :]
-            keep = tl.rand(seed, where) >= dropout_p
+            keep = dropout_keep(Seed, bh, t_q, t_k, rows, cols, dropout_p)
             grad_p = tl.where(keep, grad_p / (1.0 - dropout_p), 0.0)
         grad_s = tl.where(allowed, p * (grad_p - delta[:, None]), 0.0)  # (BQ, BK)
         seen = tl.max(allowed.to(tl.int32), 0) > 0  # keys no query here may see: zeroed
