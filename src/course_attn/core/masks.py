@@ -180,28 +180,36 @@ def combine_masks(
     if device is None:
         device = next((m.device for m in (mask, attention_mask) if m is not None), None)
     if mask is not None:
-        if mask.dim() not in (2, 3):
-            raise ValueError(f"mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
-                             f"(B, T_q, T_k), got {tuple(mask.shape)}")
-        check_bool_mask(mask, "mask", (*mask.shape[:-2], t_q, t_k))
-        if mask.shape[-2:] != (t_q, t_k):
-            raise ValueError(f"mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
-                             f"(B, {t_q}, {t_k}), got {tuple(mask.shape)}")
-        mask = mask.to(device)
+        mask = _check_pair_mask(mask, t_q, t_k).to(device)
     if attention_mask is not None:
-        if attention_mask.dim() != 2:
-            raise ValueError(f"attention_mask must have shape (B, T_k) with T_k={t_k}, "
-                             f"got {tuple(attention_mask.shape)}")
-        check_bool_mask(attention_mask, "attention_mask", (attention_mask.shape[0], t_k))
-        if attention_mask.shape[1] != t_k:
-            raise ValueError(f"attention_mask must have shape (B, T_k) with T_k={t_k}, "
-                             f"got {tuple(attention_mask.shape)}")
-        attention_mask = attention_mask.to(device)
+        attention_mask = _check_key_mask(attention_mask, t_k).to(device)
     combined = scores_mask(mask, attention_mask)
     if is_causal:
         causal = causal_mask(t_q, t_k, device=device)  # (T_q, T_k)
         combined = causal if combined is None else causal & combined
     return combined
+
+
+def _check_pair_mask(mask: Tensor, t_q: int, t_k: int) -> Tensor:
+    if mask.dim() not in (2, 3):
+        raise ValueError(f"mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
+                         f"(B, T_q, T_k), got {tuple(mask.shape)}")
+    check_bool_mask(mask, "mask", (*mask.shape[:-2], t_q, t_k))
+    if mask.shape[-2:] != (t_q, t_k):
+        raise ValueError(f"mask must have shape (T_q, T_k)=({t_q}, {t_k}) or "
+                         f"(B, {t_q}, {t_k}), got {tuple(mask.shape)}")
+    return mask
+
+
+def _check_key_mask(attention_mask: Tensor, t_k: int) -> Tensor:
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must have shape (B, T_k) with T_k={t_k}, "
+                         f"got {tuple(attention_mask.shape)}")
+    check_bool_mask(attention_mask, "attention_mask", (attention_mask.shape[0], t_k))
+    if attention_mask.shape[1] != t_k:
+        raise ValueError(f"attention_mask must have shape (B, T_k) with T_k={t_k}, "
+                         f"got {tuple(attention_mask.shape)}")
+    return attention_mask
 
 
 def scores_mask(mask: Tensor | None, attention_mask: Tensor | None) -> Tensor | None:

@@ -74,14 +74,10 @@ def attention_pool(x: Tensor, query: Tensor, *, scale: bool = True) -> tuple[Ten
         scale: divide the dot products by ``sqrt(D)`` (scaled dot-product scoring).
 
     Returns:
-        ``(pooled, weights)``: ``pooled (..., D)`` is ``sum_t weights[t] * x[t]`` and
-        ``weights (..., T)`` is ``softmax(x . query / sqrt(D))``. Half-precision
-        inputs are scored and pooled in float32 (a dot product of fp16 values of
-        300 is already beyond fp16's 65504) and the results cast back.
-
-    NaN or inf in ``x`` or ``query`` is a ``ValueError``, and so are finite inputs
-    whose scores overflow (the message says which). These checks read values,
-    so they run on the CPU in eager mode only (see ``course_attn._validation``).
+        ``(pooled, weights)``: ``pooled (..., D)`` is ``sum_t weights[t] * x[t]``,
+        ``weights (..., T)`` is ``softmax(x . query / sqrt(D))``; half precision is
+        computed in float32 (fp16 ends at 65504) and cast back. NaN or inf inputs, and
+        scores that overflow, are a ``ValueError`` (read on the CPU, eagerly).
     """
     check_tensor(x, "x", min_ndim=2)
     check_tensor(query, "query", min_ndim=1)

@@ -37,7 +37,7 @@ import triton.language as tl
 from torch import Tensor
 
 __all__ = ["backward_dk_dv_kernel", "backward_dq_kernel", "dropout_keep", "flash_backward",
-           "flash_forward", "forward_kernel", "tile_scores"]
+           "flash_forward", "forward_kernel", "load_rows", "store_rows", "tile_scores"]
 
 
 # Two steps every kernel takes on every tile, written once.
@@ -70,6 +70,21 @@ def dropout_keep(Seed, bh, t_q, t_k, rows, cols, dropout_p):
     return tl.rand(seed, where) >= dropout_p
 
 
+@triton.jit
+def load_rows(Ptr, bh, t, D: tl.constexpr, rows, d):
+    # Rows `rows` of the (T, D) matrix of head bh, as a (len(rows), len(d)) tile; the rows
+    # past T and the columns past D (padding up to a power of two) read as 0.
+    return tl.load(Ptr + bh * t * D + rows[:, None] * D + d[None, :],
+                   mask=(rows < t)[:, None] & (d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def store_rows(Ptr, tile, bh, t, D: tl.constexpr, rows, d):
+    # A tile into rows `rows` of head bh's (T, D) matrix, in the matrix's dtype.
+    tl.store(Ptr + bh * t * D + rows[:, None] * D + d[None, :],
+             tile.to(Ptr.dtype.element_ty), mask=(rows < t)[:, None] & (d[None, :] < D))
+
+
 # The forward: one program per (query block, batch x head), a loop over key blocks.
 @triton.jit
 def forward_kernel(
@@ -90,8 +105,7 @@ def forward_kernel(
     dk = tl.arange(0, BLOCK_DK)  # head dims, padded to a power of two >= 16 in registers
     dv = tl.arange(0, BLOCK_DV)
     row_ok = rows < t_q
-    q = tl.load(Q + bh * t_q * D_K + rows[:, None] * D_K + dk[None, :],
-                mask=row_ok[:, None] & (dk[None, :] < D_K), other=0.0)  # (BQ, BDK)
+    q = load_rows(Q, bh, t_q, D_K, rows, dk)  # (BQ, BDK)
 
     m = tl.full((BLOCK_Q,), float("-inf"), acc_dtype)  # running max of each row
     l = tl.zeros((BLOCK_Q,), acc_dtype)  # noqa: E741  running sum of exp(s - m)
@@ -103,10 +117,8 @@ def forward_kernel(
     for start in range(0, end, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)  # (BK,) key positions
         col_ok = cols < t_k
-        k = tl.load(K + bh * t_k * D_K + cols[:, None] * D_K + dk[None, :],
-                    mask=col_ok[:, None] & (dk[None, :] < D_K), other=0.0)  # (BK, BDK)
-        v = tl.load(V + bh * t_k * D_V + cols[:, None] * D_V + dv[None, :],
-                    mask=col_ok[:, None] & (dv[None, :] < D_V), other=0.0)  # (BK, BDV)
+        k = load_rows(K, bh, t_k, D_K, cols, dk)  # (BK, BDK)
+        v = load_rows(V, bh, t_k, D_V, cols, dv)  # (BK, BDV)
         s, allowed = tile_scores(  # (BQ, BK): this tile's scores
             q, k, rows, cols, row_ok, col_ok, b, h, offset, scale, acc_dtype, Mask, Bias,
             mask_sb, mask_sh, mask_sq, mask_sk, bias_sb, bias_sh, bias_sq, bias_sk,
@@ -132,8 +144,7 @@ def forward_kernel(
     out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l)[:, None])
     # L = m + log l; +inf for an empty row, so that the backward's exp(s - L) is 0 there
     lse = tl.where(empty, float("inf"), m + tl.log(tl.where(empty, 1.0, l)))
-    tl.store(Out + bh * t_q * D_V + rows[:, None] * D_V + dv[None, :],
-             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < D_V))
+    store_rows(Out, out, bh, t_q, D_V, rows, dv)
     tl.store(LSE + bh * t_q + rows, lse, mask=row_ok)
 
 
@@ -159,10 +170,8 @@ def backward_dk_dv_kernel(
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
     col_ok = cols < t_k
-    k = tl.load(K + bh * t_k * D_K + cols[:, None] * D_K + dk[None, :],
-                mask=col_ok[:, None] & (dk[None, :] < D_K), other=0.0)  # (BK, BDK)
-    v = tl.load(V + bh * t_k * D_V + cols[:, None] * D_V + dv[None, :],
-                mask=col_ok[:, None] & (dv[None, :] < D_V), other=0.0)  # (BK, BDV)
+    k = load_rows(K, bh, t_k, D_K, cols, dk)  # (BK, BDK)
+    v = load_rows(V, bh, t_k, D_V, cols, dv)  # (BK, BDV)
     grad_k = tl.zeros((BLOCK_K, BLOCK_DK), acc_dtype)
     grad_v = tl.zeros((BLOCK_K, BLOCK_DV), acc_dtype)
 
@@ -173,10 +182,8 @@ def backward_dk_dv_kernel(
     for start in range(start_q, t_q, BLOCK_Q):
         rows = start + tl.arange(0, BLOCK_Q)  # (BQ,)
         row_ok = rows < t_q
-        q = tl.load(Q + bh * t_q * D_K + rows[:, None] * D_K + dk[None, :],
-                    mask=row_ok[:, None] & (dk[None, :] < D_K), other=0.0)  # (BQ, BDK)
-        grad_out = tl.load(dOut + bh * t_q * D_V + rows[:, None] * D_V + dv[None, :],
-                           mask=row_ok[:, None] & (dv[None, :] < D_V), other=0.0)  # (BQ, BDV)
+        q = load_rows(Q, bh, t_q, D_K, rows, dk)  # (BQ, BDK)
+        grad_out = load_rows(dOut, bh, t_q, D_V, rows, dv)  # (BQ, BDV)
         lse = tl.load(LSE + bh * t_q + rows, mask=row_ok, other=float("inf"))  # (BQ,)
         delta = tl.load(Delta + bh * t_q + rows, mask=row_ok, other=0.0)  # (BQ,)
         # the tile's weights, recomputed: P = exp(s - L), the forward's softmax exactly
@@ -202,10 +209,8 @@ def backward_dk_dv_kernel(
             tl.store(dBias + bh * t_q * t_k + rows[:, None] * t_k + cols[None, :], grad_s,
                      mask=row_ok[:, None] & col_ok[None, :])
 
-    tl.store(dK + bh * t_k * D_K + cols[:, None] * D_K + dk[None, :],
-             grad_k.to(dK.dtype.element_ty), mask=col_ok[:, None] & (dk[None, :] < D_K))
-    tl.store(dV + bh * t_k * D_V + cols[:, None] * D_V + dv[None, :],
-             grad_v.to(dV.dtype.element_ty), mask=col_ok[:, None] & (dv[None, :] < D_V))
+    store_rows(dK, grad_k, bh, t_k, D_K, cols, dk)
+    store_rows(dV, grad_v, bh, t_k, D_V, cols, dv)
 
 
 # The backward's second kernel: one program per (query block, batch x head), a loop over
@@ -229,10 +234,8 @@ def backward_dq_kernel(
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
     row_ok = rows < t_q
-    q = tl.load(Q + bh * t_q * D_K + rows[:, None] * D_K + dk[None, :],
-                mask=row_ok[:, None] & (dk[None, :] < D_K), other=0.0)  # (BQ, BDK)
-    grad_out = tl.load(dOut + bh * t_q * D_V + rows[:, None] * D_V + dv[None, :],
-                       mask=row_ok[:, None] & (dv[None, :] < D_V), other=0.0)  # (BQ, BDV)
+    q = load_rows(Q, bh, t_q, D_K, rows, dk)  # (BQ, BDK)
+    grad_out = load_rows(dOut, bh, t_q, D_V, rows, dv)  # (BQ, BDV)
     lse = tl.load(LSE + bh * t_q + rows, mask=row_ok, other=float("inf"))
     delta = tl.load(Delta + bh * t_q + rows, mask=row_ok, other=0.0)
     grad_q = tl.zeros((BLOCK_Q, BLOCK_DK), acc_dtype)
@@ -244,10 +247,8 @@ def backward_dq_kernel(
     for start in range(0, end, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < t_k
-        k = tl.load(K + bh * t_k * D_K + cols[:, None] * D_K + dk[None, :],
-                    mask=col_ok[:, None] & (dk[None, :] < D_K), other=0.0)  # (BK, BDK)
-        v = tl.load(V + bh * t_k * D_V + cols[:, None] * D_V + dv[None, :],
-                    mask=col_ok[:, None] & (dv[None, :] < D_V), other=0.0)  # (BK, BDV)
+        k = load_rows(K, bh, t_k, D_K, cols, dk)  # (BK, BDK)
+        v = load_rows(V, bh, t_k, D_V, cols, dv)  # (BK, BDV)
         s, allowed = tile_scores(
             q, k, rows, cols, row_ok, col_ok, b, h, offset, scale, acc_dtype, Mask, Bias,
             mask_sb, mask_sh, mask_sq, mask_sk, bias_sb, bias_sh, bias_sq, bias_sk,
@@ -263,8 +264,7 @@ def backward_dq_kernel(
         # (BQ, BK) @ (BK, BDK) -> (BQ, BDK): dQ += dS K * scale
         grad_q += tl.dot(grad_s.to(k.dtype), k, input_precision="ieee") * scale
 
-    tl.store(dQ + bh * t_q * D_K + rows[:, None] * D_K + dk[None, :],
-             grad_q.to(dQ.dtype.element_ty), mask=row_ok[:, None] & (dk[None, :] < D_K))
+    store_rows(dQ, grad_q, bh, t_q, D_K, rows, dk)
 
 
 def _strides(t: Tensor | None) -> tuple[int, int, int, int]:

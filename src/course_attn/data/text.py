@@ -356,13 +356,10 @@ def download_tiny_shakespeare(
 ) -> Path:
     """Download Tiny Shakespeare into ``cache_dir``, only when asked; its path (Chapter 11).
 
-    A file already in the cache with the right SHA-256 is reused without any
-    network access. A download whose SHA-256 differs from ``sha256`` is
-    deleted and raises ``ValueError``; no network raises ``ConnectionError``
-    with instructions to fetch the file by hand. ``filename`` is a plain file
-    name (no folder, no ``..``: the file stays inside ``cache_dir``), ``sha256``
-    64 hex digits and ``timeout`` a positive number of seconds. ``opener`` is
-    ``urllib.request.urlopen`` (tests pass ``file://`` URLs or a stand-in).
+    A cached file with the right SHA-256 is reused with no network access; a download
+    with another SHA-256 is deleted (``ValueError``); no network is a ``ConnectionError``
+    saying how to fetch the file by hand. ``filename`` is a plain name inside
+    ``cache_dir``; ``opener`` is ``urllib.request.urlopen`` (tests pass a stand-in).
     """
     if not isinstance(cache_dir, str | os.PathLike):
         raise TypeError(f"cache_dir must be a str or a path, got {type(cache_dir).__name__}")

@@ -270,18 +270,14 @@ class MiniGPT(nn.Module):
                  top_k: int | None = None, top_p: float | None = None,
                  use_cache: bool = True, attention_mask: Tensor | None = None,
                  generator: torch.Generator | None = None) -> Tensor:
-        """Continue each prompt of ``idx (B, T)`` by ``max_new_tokens`` tokens (Chapter 11).
+        """Continue each prompt of ``idx (B, T)`` by ``max_new_tokens``: ``(B, T + new)``.
 
-        ``temperature`` divides the logits (``0``: greedy; a tiny one gives the best
-        token(s) all the probability, never NaN); ``top_k`` samples among the ``top_k``
-        likeliest, ``top_p`` among the fewest whose probabilities reach ``top_p`` (nucleus
-        sampling); ``generator`` makes sampling reproducible. ``use_cache`` feeds only the
-        newest token at each step, its keys and values joining a :class:`KVCache`; past
-        ``context_length`` tokens the context is cropped (as nanoGPT does) and recomputed
-        at each step, since cached keys would carry stale positions. ``attention_mask
-        (B, T)`` marks the real tokens of left-padded prompts. Returns ``(B, T +
-        max_new_tokens)``. The arguments are checked once; every step runs
-        :meth:`forward` with its door shut (hooks on the blocks fire at every step).
+        ``temperature`` divides the logits (``0``: greedy); ``top_k`` and ``top_p``
+        (nucleus) narrow the draw; ``generator`` makes it reproducible. ``use_cache``
+        feeds only the newest token to a :class:`KVCache`; past ``context_length`` the
+        context is cropped and recomputed (nanoGPT). ``attention_mask (B, T)``: the real
+        tokens of left-padded prompts. Checked once; every step runs :meth:`forward`
+        with its door shut, so hooks on the blocks fire at every step (Chapter 11).
         """
         attention_mask = check_generate_call(self, idx, max_new_tokens, temperature, top_k,
                                              top_p, use_cache, attention_mask, generator)

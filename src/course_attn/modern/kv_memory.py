@@ -32,6 +32,26 @@ __all__ = ["KV_CACHE_KINDS", "kv_cache_bytes"]
 KV_CACHE_KINDS = ("mha", "gqa", "mqa", "mla", "linear")
 
 
+def _check_kind_options(kind: str, n_kv_heads: object, d_latent: object, d_rope: int,
+                        window: object) -> int | None:
+    """The options that belong to one kind of cache only; return the window."""
+    if (n_kv_heads is not None) != (kind == "gqa"):
+        raise ValueError(f"n_kv_heads must be given for kind='gqa' and only then, got "
+                         f"kind={kind!r} with n_kv_heads={n_kv_heads!r}")
+    if (d_latent is not None) != (kind == "mla"):
+        raise ValueError(f"d_latent must be given for kind='mla' and only then, got "
+                         f"kind={kind!r} with d_latent={d_latent!r}")
+    if d_rope and kind != "mla":
+        raise ValueError(f"d_rope is MLA's decoupled RoPE key width; it must be 0 for "
+                         f"kind={kind!r}, got {d_rope}")
+    if window is None:
+        return None
+    if kind == "linear":
+        raise ValueError("window must be None for kind='linear': its state has a fixed "
+                         "size whatever the length")
+    return check_positive_int(window, "window")
+
+
 def kv_cache_bytes(
     kind: str,
     *,
@@ -67,20 +87,7 @@ def kv_cache_bytes(
     d_rope = check_nonnegative_int(d_rope, "d_rope")
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
-    if (n_kv_heads is not None) != (kind == "gqa"):
-        raise ValueError(f"n_kv_heads must be given for kind='gqa' and only then, got "
-                         f"kind={kind!r} with n_kv_heads={n_kv_heads!r}")
-    if (d_latent is not None) != (kind == "mla"):
-        raise ValueError(f"d_latent must be given for kind='mla' and only then, got "
-                         f"kind={kind!r} with d_latent={d_latent!r}")
-    if d_rope and kind != "mla":
-        raise ValueError(f"d_rope is MLA's decoupled RoPE key width; it must be 0 for "
-                         f"kind={kind!r}, got {d_rope}")
-    if window is not None:
-        window = check_positive_int(window, "window")
-        if kind == "linear":
-            raise ValueError("window must be None for kind='linear': its state has a fixed "
-                             "size whatever the length")
+    window = _check_kind_options(kind, n_kv_heads, d_latent, d_rope, window)
     if kind == "linear":
         # S = sum phi(k) v^T (head_dim x head_dim) and z = sum phi(k) (head_dim), per head
         state = n_heads * (head_dim * head_dim + head_dim)

@@ -176,6 +176,28 @@ class MultiHeadLatentAttention(nn.Module):
         w_out_latent = torch.einsum("dhe,hel->dhl", w_o, w_uv)  # W_o,h W_uv,h: (D, H, L)
         return w_q_latent, b_q_latent, w_out_latent
 
+    def _door(self, x: object, attention_mask: object, mask: object, is_causal: object,
+              cache: object, positions: object, absorb: object
+              ) -> tuple[Tensor | None, Tensor | None]:
+        """Check :meth:`forward`'s arguments; return its mask (combined) and positions."""
+        x = self._check_input(x)
+        if cache is not None and not isinstance(cache, LatentKVCache):
+            raise TypeError(f"cache must be a LatentKVCache or None, got {type(cache).__name__}")
+        check_bool(is_causal, "is_causal")
+        check_bool(absorb, "absorb")
+        past = 0 if cache is None else cache.length
+        batch, time, _ = x.shape
+        if isinstance(attention_mask, Tensor) and attention_mask.shape[:1] != (batch,):
+            raise ValueError(f"attention_mask must have shape (B, T_k) with B={batch}, got "
+                             f"{tuple(attention_mask.shape)}")
+        if isinstance(mask, Tensor) and mask.dim() == 3 and mask.shape[0] not in (1, batch):
+            raise ValueError(f"mask must have shape (T_q, T_k) or (B, T_q, T_k) with "
+                             f"B={batch}, got {tuple(mask.shape)}")
+        combined = combine_masks(time, past + time, mask=mask,  # type: ignore[arg-type]
+                                 attention_mask=attention_mask,  # type: ignore[arg-type]
+                                 device=x.device)
+        return combined, self._positions(positions, x, past)
+
     def _check_input(self, x: object) -> Tensor:
         return check_sequence(x, "x", width=self.d_model, dtype=self.q_proj.weight.dtype)
 
@@ -220,24 +242,10 @@ class MultiHeadLatentAttention(nn.Module):
         ``positions_from_attention_mask`` rows for left padding.
         ``absorb=True`` attends in the latent space with the folded projections.
         """
-        self._check_input(x)
-        if cache is not None and not isinstance(cache, LatentKVCache):
-            raise TypeError(f"cache must be a LatentKVCache or None, got {type(cache).__name__}")
-        check_bool(is_causal, "is_causal")
-        check_bool(absorb, "absorb")
-        past = 0 if cache is None else cache.length
-        positions = self._positions(positions, x, past)
-        batch, time, _ = x.shape
-        if isinstance(attention_mask, Tensor) and attention_mask.shape[:1] != (batch,):
-            raise ValueError(f"attention_mask must have shape (B, T_k) with B={batch}, got "
-                             f"{tuple(attention_mask.shape)}")
-        if (isinstance(mask, Tensor) and mask.dim() == 3
-                and mask.shape[0] not in (1, batch)):
-            raise ValueError(f"mask must have shape (T_q, T_k) or (B, T_q, T_k) with "
-                             f"B={batch}, got {tuple(mask.shape)}")
         # Every check before any work: a bad argument must not leave the cache half-updated.
-        mask = combine_masks(time, past + time, mask=mask,
-                             attention_mask=attention_mask, device=x.device)
+        mask, positions = self._door(x, attention_mask, mask, is_causal, cache, positions,
+                                     absorb)
+        batch = x.shape[0]
 
         c = self.kv_down(x)  # (B, T, D) -> (B, T, d_latent)
         q_rope = k_rope = None

@@ -122,6 +122,39 @@ class LinearAttentionState:
         self.length = 0
 
 
+def _check_recurrent(q: object, k: object, v: object,
+                     state: object) -> tuple[Tensor, Tensor, Tensor]:
+    """Queries, keys and values ``(B, H, T, d)`` with one key and value per query; a state."""
+    for name, value in (("q", q), ("k", k), ("v", v)):
+        check_tensor(value, name, ndim=4)
+    q, k, v = check_qkv(q, k, v)
+    if not q.shape[:3] == k.shape[:3] == v.shape[:3]:
+        raise ValueError(f"q, k and v must share (B, H, T) (one key and value per query), got "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if state is not None and not isinstance(state, LinearAttentionState):
+        raise TypeError(f"state must be a LinearAttentionState or None, got "
+                        f"{type(state).__name__}")
+    return q, k, v
+
+
+def _check_state(state: LinearAttentionState, shape: tuple[int, ...], q: Tensor) -> None:
+    """The carried ``S`` must match these inputs (one state per layer and batch)."""
+    if state.S is not None and (state.S.shape != shape or state.S.dtype != q.dtype
+                                or state.S.device != q.device):
+        raise ValueError(f"state holds S of shape {tuple(state.S.shape)} ({state.S.dtype}, "
+                         f"{state.S.device}) but these inputs need (B, H, d_k, d_v)="
+                         f"{shape} ({q.dtype}, {q.device}); use one state "
+                         "per layer and per batch (reset() it between batches)")
+
+
+def _check_pad_mask(attention_mask: Tensor, shape: tuple[int, int]) -> None:
+    """``attention_mask`` is a ``(B, T)`` bool tensor."""
+    check_bool_mask(attention_mask, "attention_mask", shape)
+    if attention_mask.shape != shape:
+        raise ValueError(f"attention_mask must have shape (B, T)={shape}, got "
+                         f"{tuple(attention_mask.shape)}")
+
+
 def linear_attention_recurrent(
     q: Tensor,
     k: Tensor,
@@ -148,34 +181,17 @@ def linear_attention_recurrent(
         ``out (B, H, T, d_v)``, equal to ``linear_attention(q, k, v,
         is_causal=True)`` over the whole sequence seen so far.
     """
-    check_tensor(q, "q", ndim=4)
-    check_tensor(k, "k", ndim=4)
-    check_tensor(v, "v", ndim=4)
-    q, k, v = check_qkv(q, k, v)
-    if not q.shape[:3] == k.shape[:3] == v.shape[:3]:
-        raise ValueError(f"q, k and v must share (B, H, T) (one key and value per query), got "
-                         f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)}")
+    q, k, v = _check_recurrent(q, k, v, state)
     feature_map = _check_feature_map(feature_map)
     eps = check_positive_real(eps, "eps")
-    if state is not None and not isinstance(state, LinearAttentionState):
-        raise TypeError(f"state must be a LinearAttentionState or None, got "
-                        f"{type(state).__name__}")
     phi_k = feature_map(k)  # (B, H, T, d_phi): d_phi = d_k for elu + 1
     batch, n_heads, time, d_phi = phi_k.shape
     d_v = v.shape[-1]
     if state is None:
         state = LinearAttentionState()
-    if state.S is not None and (state.S.shape != (batch, n_heads, d_phi, d_v)
-                                or state.S.dtype != q.dtype or state.S.device != q.device):
-        raise ValueError(f"state holds S of shape {tuple(state.S.shape)} ({state.S.dtype}, "
-                         f"{state.S.device}) but these inputs need (B, H, d_k, d_v)="
-                         f"{(batch, n_heads, d_phi, d_v)} ({q.dtype}, {q.device}); use one state "
-                         "per layer and per batch (reset() it between batches)")
+    _check_state(state, (batch, n_heads, d_phi, d_v), q)
     if attention_mask is not None:
-        check_bool_mask(attention_mask, "attention_mask", (batch, time))
-        if attention_mask.shape != (batch, time):
-            raise ValueError(f"attention_mask must have shape (B, T)={(batch, time)}, got "
-                             f"{tuple(attention_mask.shape)}")
+        _check_pad_mask(attention_mask, (batch, time))
         real = attention_mask.to(q.device)[:, None, :, None]  # (B, T) -> (B, 1, T, 1)
         phi_k = phi_k.masked_fill(~real, 0.0)  # a pad adds nothing to S or z ...
         v = v.masked_fill(~real, 0.0)  # ... even if it holds NaN

@@ -836,45 +836,35 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     ``model`` is a :class:`MiniGPT` with next-token ``data`` (a
     :class:`~course_attn.data.CharCorpus` or a task of :mod:`course_attn.data.tasks`),
     or an :class:`EncoderDecoder` with a :class:`~course_attn.data.seq2seq.Seq2SeqTask`
-    whose vocabulary and lengths fit it; its loss is
-    :func:`~course_attn.data.seq2seq.seq2seq_loss`, and ``tokens_per_s`` counts its
-    source and target positions, padding included. Checkpoints
-    (``checkpoint_path``, ``resume_from``) are for the MiniGPT only; for an
-    EncoderDecoder they are a ``ValueError``.
+    (loss :func:`~course_attn.data.seq2seq.seq2seq_loss`; ``tokens_per_s`` counts
+    source and target positions, padding included). Checkpoints are for the
+    MiniGPT only (a ``ValueError`` for an EncoderDecoder).
 
     ``checkpoint_path`` saves a checkpoint after every evaluation and at the
     end; it is checked before training starts (a folder, a missing or
-    unwritable folder, or an existing file that is not a checkpoint of this
-    format is refused, so the training text is never overwritten).
+    unwritable folder, or an existing file that is not a checkpoint is refused,
+    so the training text is never overwritten).
 
     ``resume_from`` (a checkpoint or its path) restores the weights, the
     optimizer, the iteration count, the loss history and every random state,
     then continues to ``config.max_iters``; on CPU the losses are then exactly
-    those of the uninterrupted run. A resumed run must be the same run:
-    ``ValueError`` names every difference from the checkpoint's model, data
-    (``meta``) and settings, except those in :data:`RESUME_MAY_CHANGE`.
-    ``max_iters`` may change (not below the checkpoint's iteration) only where
-    the learning-rate schedule stays the same: with ``lr_decay_iters`` at the
-    iteration where the stored run's schedule ends (its ``lr_decay_iters``,
-    else its ``max_iters``). See :mod:`course_attn.train.resume`.
+    those of the uninterrupted run. ``ValueError`` names every difference from
+    the checkpoint's model, data (``meta``) and settings, except those in
+    :data:`RESUME_MAY_CHANGE`; ``max_iters`` may change only where the
+    learning-rate schedule stays the same (see :mod:`course_attn.train.resume`).
 
     ``meta`` (plain data, e.g. the tokenizer's characters) is stored in the
     checkpoint; on resume, the checkpoint's meta is kept and updated with it.
 
-    A non-finite training loss stops the run at once (found at the read-back
-    every ``log_interval`` iterations; the first bad iteration is named):
+    A non-finite training loss stops the run (found at the read-back every
+    ``log_interval`` iterations; the first bad iteration is named):
     :class:`TrainingDiverged` carries the result so far, and the checkpoint on
-    disk stays the last one with finite weights (evaluation losses and weights
-    are checked before every save).
+    disk stays the last one with finite weights.
 
-    ``on_eval(iteration, model, result)`` is called after every evaluation
-    (and its checkpoint), with the model being trained and the result so far
-    (``result.eval_iters[-1] == iteration``; read it, do not change it): a
-    place to draw a sample or take a measurement as the run goes (chapter 11
-    prints a sample at each evaluation). Whatever it does changes nothing
-    about the run: the global random states (which dropout draws from) and the
-    model's training mode are put back afterwards, and its time is left out of
-    ``ms_per_iter``, so the losses are exactly those of a run without it.
+    ``on_eval(iteration, model, result)`` is called after every evaluation and
+    its checkpoint (chapter 11 prints a sample there). It changes nothing about
+    the run: the random states and the model's training mode are put back
+    afterwards, and its time is left out of ``ms_per_iter``.
     """
     _check_train_arguments(model, data, config, meta, resume_from, on_eval)
     _refuse_checkpoints(model, checkpoint_path, resume_from)
