@@ -138,6 +138,7 @@ def test_use_sharp_figures_shows_figures_as_reproducible_svg_with_text(shell):
     assert formatters["image/png"](fig) is None  # no PNG beside it
     assert "<text" in svg and "Single-head attention" in svg  # text, not paths
     assert "<dc:date>" not in svg
+    assert "<text " not in svg.replace('<text xml:space="preserve" ', "")  # spaces kept
     assert formatters["image/svg+xml"](fig) == svg  # the same bytes again: nbval can compare
     assert plt.rcParams["svg.fonttype"] == "none"
     plt.close(fig)
@@ -167,3 +168,36 @@ def test_svg_sizes_stay_reasonable():
                             -1)
     text_heads = _svg(viz.plot_heads(weights, chars, chars)[0].figure)  # chapter 11: 4 x 4
     assert len(heads.encode()) < 80_000 and len(text_heads.encode()) < 450_000
+
+
+def test_keep_spaces_marks_every_text_once_and_leaves_the_rest():
+    fig = plt.figure(figsize=(3, 1))
+    fig.text(0.1, 0.5, "s = x . q      alpha = softmax(s)")
+    fig.text(0.1, 0.2, "second")
+    raw = _svg(fig)
+    kept = viz.keep_spaces(raw)
+    assert kept.count('<text xml:space="preserve" ') == raw.count("<text ") == 2
+    assert "x . q      alpha" in kept  # the run of spaces itself is untouched
+    assert viz.keep_spaces(kept) == kept  # idempotent
+    assert kept.replace(' xml:space="preserve"', "") == raw
+    assert viz.keep_spaces(None) is None
+
+
+def _x_labels(ax) -> list[str]:
+    return [label.get_text() for label in ax.get_xticklabels() if label.get_text()]
+
+
+@pytest.mark.parametrize("width", [4.5, 7.0])
+def test_crowded_token_names_are_turned_not_dropped(width):
+    """Names are turned (45, then 90 degrees) before any is dropped: every token keeps
+    its label; numbers are still thinned."""
+    tokens = [f"token{i}" for i in range(14)]
+    fig, ax = plt.subplots(figsize=(width, 2.5))
+    viz.plot_attention(torch.softmax(torch.randn(3, 14), -1), tokens, ["a", "b", "c"], ax=ax)
+    assert _x_labels(ax) == tokens
+    assert ax.get_xticklabels()[0].get_rotation() in (45.0, 90.0)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(2.0, 2.0))
+    viz.plot_attention(torch.softmax(torch.randn(40, 40), -1), ax=ax)
+    assert 1 < len(_x_labels(ax)) < 40  # positions 0 ... 39: thinned
+    plt.close(fig)

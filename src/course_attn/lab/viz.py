@@ -15,6 +15,7 @@ luminance), and tick labels that would collide are thinned or turned.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -42,6 +43,7 @@ __all__ = [
     "plot_training",
     "readable_font_size",
     "use_sharp_figures",
+    "keep_spaces",
 ]
 
 #: The narrowest screen the site is read on, in CSS pixels (a phone held upright).
@@ -88,12 +90,29 @@ def use_sharp_figures() -> None:
         "font.sans-serif": ["DejaVu Sans", "Verdana", "Arial"]})
     from IPython.core.getipython import get_ipython
 
-    if get_ipython() is None:
+    shell = get_ipython()
+    if shell is None:
         return
     from matplotlib_inline.backend_inline import set_matplotlib_formats
 
     # the inline backend passes the figure's own dpi unless told: images need IMAGE_DPI
     set_matplotlib_formats("svg", dpi=IMAGE_DPI, metadata={"Date": None})
+    formatter = shell.display_formatter.formatters["image/svg+xml"]  # type: ignore[union-attr]
+    draw = formatter.lookup_by_type(Figure)
+    formatter.for_type(Figure, lambda figure: keep_spaces(draw(figure)))
+
+
+def keep_spaces(svg: str | None) -> str | None:
+    """``svg`` with its texts' spaces kept as drawn (``xml:space="preserve"`` on each text).
+
+    Matplotlib lays a label out with every space it holds ("q / sqrt(D)    alpha =
+    ..."), but an SVG viewer collapses a run of spaces into one unless the text says
+    otherwise, so the parts of a formula would run together. (Browsers honour the
+    attribute on the text itself, not on the root.) Used by :func:`use_sharp_figures`.
+    """
+    if svg is None:
+        return svg
+    return re.sub(r"<text (?!xml:space=)", '<text xml:space="preserve" ', svg)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -624,30 +643,65 @@ def _log_ticks(axis: object, values: np.ndarray, at_values: bool) -> None:
 
 
 def _untangle_ticks(*axes: Axes) -> None:
-    """Thin, then turn, tick labels of ``axes`` that would overlap at the figure's size.
+    """Turn, then thin, tick labels of ``axes`` that would overlap at the figure's size.
 
-    Measured with the figure's renderer, after one draw: keep every 2nd, 3rd ... label
-    (the first always) until no two kept labels come within 3 px of each other; if even
-    that fails, turn the labels by 45 degrees.
+    Measured with the figure's renderer: names (tokens) are turned first, by 45 and
+    then 90 degrees on the x-axis, so every token keeps its label; numbers (positions,
+    sizes) are thinned first, since the reader can count between them. Thinning keeps
+    every 2nd, 3rd ... label (the first always) until no two kept labels come within
+    3 px of each other; a crowd that neither fixes is turned by 45 degrees.
     """
-    from matplotlib.ticker import FixedLocator
-
     if not axes:
         return
-    _figure(axes[0]).draw_without_rendering()  # places the ticks and sizes their labels
+    figure = _figure(axes[0])
+    figure.draw_without_rendering()  # places the ticks and sizes their labels
     for ax in axes:
         for axis, name in ((ax.xaxis, "x"), (ax.yaxis, "y")):
-            shown = _shown_ticks(axis)
-            boxes = [label.get_window_extent().padded(1.5) for _, label in shown]
-            if not _any_overlap(boxes):
+            if not _any_overlap(_label_boxes(_shown_ticks(axis))):
                 continue
-            for step in range(2, len(shown)):
-                if not _any_overlap(boxes[::step]):
-                    axis.set_major_locator(FixedLocator([loc for loc, _ in shown[::step]]))
-                    axis.set_ticklabels([label.get_text() for _, label in shown[::step]])
-                    break
-            else:
-                ax.tick_params(axis="x" if name == "x" else "y", labelrotation=45)
+            names = not all(_is_number(label.get_text()) for _, label in _shown_ticks(axis))
+            if names and name == "x" and _turned_apart(ax, figure):
+                continue
+            if not _thinned_apart(axis) and not (names and name == "x"):
+                ax.tick_params(axis=name, labelrotation=45)  # type: ignore[arg-type]
+
+
+def _turned_apart(ax: Axes, figure: Figure) -> bool:
+    """Turn ``ax``'s x tick labels by 45, then 90 degrees; whether they then stand apart."""
+    for angle in (45, 90):
+        if abs(ax.xaxis.get_majorticklabels()[0].get_rotation() % 180) > angle - 1:
+            continue  # already turned at least this far
+        ax.tick_params(axis="x", labelrotation=angle)
+        figure.draw_without_rendering()
+        if not _any_overlap(_label_boxes(_shown_ticks(ax.xaxis))):
+            return True
+    return False
+
+
+def _thinned_apart(axis: XAxis | YAxis) -> bool:
+    """Keep every 2nd, 3rd ... label of ``axis`` until none overlap; whether that worked."""
+    from matplotlib.ticker import FixedLocator
+
+    shown = _shown_ticks(axis)
+    boxes = _label_boxes(shown)
+    for step in range(2, len(shown)):
+        if not _any_overlap(boxes[::step]):
+            axis.set_major_locator(FixedLocator([loc for loc, _ in shown[::step]]))
+            axis.set_ticklabels([label.get_text() for _, label in shown[::step]])
+            return True
+    return False
+
+
+def _label_boxes(shown: list[tuple[float, Text]]) -> list[Bbox]:
+    return [label.get_window_extent().padded(1.5) for _, label in shown]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.replace("\u2212", "-"))  # matplotlib writes minus as U+2212
+    except ValueError:
+        return False
+    return True
 
 
 def _shown_ticks(axis: XAxis | YAxis) -> list[tuple[float, Text]]:
