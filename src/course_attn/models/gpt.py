@@ -145,14 +145,11 @@ def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
 class MiniGPT(nn.Module):
     """A GPT-style language model built from the course's blocks (Chapter 11).
 
-    ``forward(idx, targets=None, *, attention_mask=None, caches=None)`` gives ``(logits
-    (B, T, N_vocab), loss or None)`` for token ids ``idx (B, T)``, at most ``context_length``
-    with the cached ones. ``targets (B, T)``: the next ids (``-1`` and padding left out).
-    ``attention_mask (B, T_cache + T)``: ``True`` on real tokens of left-padded rows, whose
-    positions count from their first real token, so a row gives the logits it would
-    alone. ``caches``: one :class:`KVCache` per block; ``idx`` then holds the new tokens.
-    ``attention_fn`` replaces every block's attention path (``course_attn.core.attention``):
-    linear attention (chapter 10), or attention without its causal mask (chapter 11).
+    ``forward(idx (B, T), targets=None, *, attention_mask=None, caches=None)`` gives
+    ``(logits (B, T, N_vocab), loss or None)``; ``targets``: the next ids (``-1`` is left
+    out). ``attention_mask (B, T_cache + T)``: ``True`` on real tokens of left-padded rows
+    (positions count from the first real one). ``caches``: one :class:`KVCache` per block.
+    ``attention_fn`` replaces every block's attention path (chapters 10 and 11).
     """
 
     check_inputs = True  # the door of forward; generate checks once and shuts it
@@ -249,10 +246,8 @@ class MiniGPT(nn.Module):
     def num_parameters(self, *, non_embedding: bool = False) -> int:
         """Parameters (a tied matrix counts once), optionally without ``pos`` (Chapter 11)."""
         check_bool(non_embedding, "non_embedding")
-        total = sum(p.numel() for p in self.parameters())
-        if non_embedding and self.pos is not None:
-            return total - self.pos.weight.numel()
-        return total
+        table = self.pos.weight.numel() if non_embedding and self.pos is not None else 0
+        return sum(p.numel() for p in self.parameters()) - table
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token (Chapter 11), PaLM's estimate as in nanoGPT: ``6 N`` for
