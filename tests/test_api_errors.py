@@ -432,6 +432,8 @@ case("viz.plot_distribution", "values", ValueError, lambda: viz.plot_distributio
 case("viz.plot_distribution", "labels", ValueError,
      lambda: viz.plot_distribution(W2[0], labels=["a"]))
 case("viz.plot_distribution", "ax", TypeError, lambda: viz.plot_distribution(W2[0], ax=1))
+case("viz.keep_spaces", "svg", TypeError, lambda: viz.keep_spaces(b"<svg></svg>"))
+case("viz.keep_spaces", "svg", ValueError, lambda: viz.keep_spaces("<html></html>"))
 case("viz.plot_curves", "x", TypeError, lambda: viz.plot_curves({"a": 1}, {"a": [1]}))
 case("viz.plot_curves", "x", ValueError, lambda: viz.plot_curves(W2, {"a": W2}))
 case("viz.plot_curves", "curves", TypeError, lambda: viz.plot_curves([1, 2], [[1, 2]]))

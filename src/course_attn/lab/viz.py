@@ -110,8 +110,14 @@ def keep_spaces(svg: str | None) -> str | None:
     otherwise, so the parts of a formula would run together. (Browsers honour the
     attribute on the text itself, not on the root.) Used by :func:`use_sharp_figures`.
     """
-    if svg is None:
+    if svg is None:  # IPython's formatter draws nothing for a figure without axes
         return svg
+    if not isinstance(svg, str):
+        raise TypeError(f"svg must be a str holding an SVG document or None, "
+                        f"got {type(svg).__name__}")
+    if "<svg" not in svg:
+        raise ValueError(f"svg must be an SVG document (with an <svg> element), "
+                         f"got {svg[:40]!r}")
     return re.sub(r"<text (?!xml:space=)", '<text xml:space="preserve" ', svg)
 
 
