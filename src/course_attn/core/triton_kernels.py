@@ -120,9 +120,9 @@ def forward_kernel(
         k = load_rows(K, bh, t_k, D_K, cols, dk)  # (BK, BDK)
         v = load_rows(V, bh, t_k, D_V, cols, dv)  # (BK, BDV)
         s, allowed = tile_scores(  # (BQ, BK): this tile's scores
-            q, k, rows, cols, row_ok, col_ok, b, h, offset, scale, acc_dtype, Mask, Bias,
-            mask_sb, mask_sh, mask_sq, mask_sk, bias_sb, bias_sh, bias_sq, bias_sk,
-            IS_CAUSAL, HAS_MASK, HAS_BIAS)
+            q, k, rows, cols, row_ok, col_ok, b, h, offset, scale, acc_dtype,
+            Mask, Bias, mask_sb, mask_sh, mask_sq, mask_sk,
+            bias_sb, bias_sh, bias_sq, bias_sk, IS_CAUSAL, HAS_MASK, HAS_BIAS)
         s = tl.where(allowed, s, float("-inf"))
 
         m_new = tl.maximum(m, tl.max(s, 1))  # (BQ,)
@@ -188,9 +188,9 @@ def backward_dk_dv_kernel(
         delta = tl.load(Delta + bh * t_q + rows, mask=row_ok, other=0.0)  # (BQ,)
         # the tile's weights, recomputed: P = exp(s - L), the forward's softmax exactly
         s, allowed = tile_scores(
-            q, k, rows, cols, row_ok, col_ok, b, h, offset, scale, acc_dtype, Mask, Bias,
-            mask_sb, mask_sh, mask_sq, mask_sk, bias_sb, bias_sh, bias_sq, bias_sk,
-            IS_CAUSAL, HAS_MASK, HAS_BIAS)
+            q, k, rows, cols, row_ok, col_ok, b, h, offset, scale, acc_dtype,
+            Mask, Bias, mask_sb, mask_sh, mask_sq, mask_sk,
+            bias_sb, bias_sh, bias_sq, bias_sk, IS_CAUSAL, HAS_MASK, HAS_BIAS)
         p = tl.where(allowed, tl.exp(s - lse[:, None]), 0.0)  # (BQ, BK)
         # (BQ, BDV) @ (BDV, BK) -> (BQ, BK): dP = dO V^T
         grad_p = tl.dot(grad_out, tl.trans(v), input_precision="ieee").to(acc_dtype)
@@ -250,9 +250,9 @@ def backward_dq_kernel(
         k = load_rows(K, bh, t_k, D_K, cols, dk)  # (BK, BDK)
         v = load_rows(V, bh, t_k, D_V, cols, dv)  # (BK, BDV)
         s, allowed = tile_scores(
-            q, k, rows, cols, row_ok, col_ok, b, h, offset, scale, acc_dtype, Mask, Bias,
-            mask_sb, mask_sh, mask_sq, mask_sk, bias_sb, bias_sh, bias_sq, bias_sk,
-            IS_CAUSAL, HAS_MASK, HAS_BIAS)
+            q, k, rows, cols, row_ok, col_ok, b, h, offset, scale, acc_dtype,
+            Mask, Bias, mask_sb, mask_sh, mask_sq, mask_sk,
+            bias_sb, bias_sh, bias_sq, bias_sk, IS_CAUSAL, HAS_MASK, HAS_BIAS)
         p = tl.where(allowed, tl.exp(s - lse[:, None]), 0.0)  # (BQ, BK)
         grad_p = tl.dot(grad_out, tl.trans(v), input_precision="ieee").to(acc_dtype)
         if DROPOUT:
