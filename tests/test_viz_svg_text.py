@@ -60,7 +60,8 @@ def _font_sizes(svg: str) -> list[tuple[float, str]]:
 
 def _phone_px(size_pt: float, width_pt: float) -> float:
     """CSS pixels of ``size_pt`` text in an SVG ``width_pt`` wide, shown on a 400 px phone:
-    1 pt is 4/3 px at the figure's own size, and a wider figure is scaled down to fit."""
+    1 pt is 4/3 px at the figure's own size, and a wider figure is scaled down to the
+    phone's width (course.css gives a figure the column's margins on a phone)."""
     return size_pt * min(4 / 3, viz.PHONE_WIDTH_PX / width_pt)
 
 
@@ -119,10 +120,13 @@ def test_every_plot_is_readable_on_a_phone(name):
     _assert_phone_readable(_svg(PLOTS[name]()))
 
 
-def test_the_bound_is_9_px_at_400_px_for_the_column_and_no_scaling_below_it():
-    assert viz.readable_font_size(7.0) == pytest.approx(9 * 504 / 400)
-    assert viz.readable_font_size(2.0) == pytest.approx(9 * 3 / 4)  # shown at its own size
-    assert _phone_px(viz.readable_font_size(5.5), 5.5 * 72) == pytest.approx(9)
+def test_the_bound_is_9_px_on_a_phone_and_no_scaling_below_it():
+    # a 7-inch figure is saved 7.2 inches wide (the tight box's margins), shown 400 px
+    assert viz.readable_font_size(7.0) == pytest.approx(11.7)  # 9 * 7.2 * 72 / 400 = 11.66
+    assert viz.readable_font_size(2.0) == pytest.approx(6.8)  # own size: 9 px = 6.75 pt
+    for width in (2.0, 3.83, 5.5, 7.0, 7.2):  # never under 9 px, margins included
+        saved = (width + 2 * viz.TIGHT_MARGIN) * 72
+        assert 9 <= _phone_px(viz.readable_font_size(width), saved) < 9.2
     for bad, error in ((0, ValueError), (-1.0, ValueError), ("7", TypeError),
                        (True, TypeError)):
         with pytest.raises(error, match="^width must be a positive number"):

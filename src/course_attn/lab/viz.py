@@ -5,8 +5,8 @@ it, so notebooks stay short and tests can inspect what was drawn.
 
 Figures are made for the site's 700 px column (at most :data:`COLUMN_WIDTH` inches wide)
 and stay readable on a phone: every text a function draws is at least
-:func:`readable_font_size` of its figure's width, so it is 9 px tall or more when the
-figure is shown 400 px wide. :func:`use_sharp_figures` makes a notebook show its figures as
+:func:`readable_font_size` of its figure's width, so it is 9 px tall or more on a phone
+400 px wide, where a figure takes the whole width of the screen (``book/_static/course.css``). :func:`use_sharp_figures` makes a notebook show its figures as
 SVG, with heatmap images inside at twice a screen's resolution. Numbers written on cells
 are black or white, whichever contrasts more with the cell's colour (WCAG relative
 luminance), and tick labels that would collide are thinned or turned.
@@ -50,6 +50,8 @@ __all__ = [
 PHONE_WIDTH_PX = 400
 #: The smallest text a figure may show on that screen, in CSS pixels.
 MIN_TEXT_PX = 9.0
+#: The margin, in inches, that a notebook's tight bounding box adds on each side of a figure.
+TIGHT_MARGIN = 0.1
 #: The width of the site's content column, in inches (700 px at 100 dpi).
 COLUMN_WIDTH = 7.0
 #: Heatmap images inside an SVG figure: twice a screen's 96 px per inch, sharp on any screen.
@@ -59,18 +61,21 @@ IMAGE_DPI = 192
 def readable_font_size(width: float) -> float:
     """The smallest font size, in points, that stays readable on a phone (every chapter).
 
-    A figure ``width`` inches wide is shown at its own size (1 pt = 4/3 CSS px) where it
-    fits, and scaled down to the :data:`PHONE_WIDTH_PX` of a phone where it does not; text
-    must then still be :data:`MIN_TEXT_PX` tall. For a figure sized for the site's 700 px
-    column (7 in, 504 pt) that is ``9 * 504 / 400 = 11.34`` pt.
+    A notebook saves a figure ``width`` inches wide with a :data:`TIGHT_MARGIN` on each
+    side. It is shown at its own size (1 pt = 4/3 CSS px) where it fits, and scaled down to
+    the :data:`PHONE_WIDTH_PX` of a phone where it does not (on a phone a figure takes the
+    whole width of the screen, the column's margins included); text must then still be
+    :data:`MIN_TEXT_PX` tall. Rounded up to a tenth of a point, so that the browser's own
+    rounding cannot take it under. For a figure sized for the site's 700 px column (7 in,
+    saved 7.2 in: 691 px) that is ``9 * 691.2 / 400 * 3 / 4 = 11.66``, so 11.7 pt.
     """
     if isinstance(width, bool) or not isinstance(width, int | float):
         raise TypeError(f"width must be a positive number of inches, got "
                         f"{type(width).__name__} {width!r}")
     if not width > 0 or width == float("inf"):
         raise ValueError(f"width must be a positive number of inches, got {width!r}")
-    shown = min(1.0, PHONE_WIDTH_PX / (width * 96))  # 96 CSS px per inch
-    return MIN_TEXT_PX / (4 / 3 * shown)
+    shown = min(1.0, PHONE_WIDTH_PX / ((width + 2 * TIGHT_MARGIN) * 96))  # 96 px per inch
+    return math.ceil(round(10 * MIN_TEXT_PX / (4 / 3 * shown), 6)) / 10
 
 
 def use_sharp_figures() -> None:
