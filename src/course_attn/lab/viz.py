@@ -6,8 +6,9 @@ it, so notebooks stay short and tests can inspect what was drawn.
 Figures are made for the site's 700 px column (at most :data:`COLUMN_WIDTH` inches wide)
 and stay readable on a phone: every text a function draws is at least
 :func:`readable_font_size` of its figure's width, so it is 9 px tall or more on a phone
-400 px wide, where a figure takes the whole width of the screen (``book/_static/course.css``). :func:`use_sharp_figures` makes a notebook show its figures as
-SVG, with heatmap images inside at twice a screen's resolution. Numbers written on cells
+400 px wide, where a figure takes the whole width of the screen (``tools/static/course.css``).
+:func:`use_sharp_figures` makes a notebook show its figures as SVG, with heatmap images
+inside at twice a screen's resolution. Numbers written on cells
 are black or white, whichever contrasts more with the cell's colour (WCAG relative
 luminance), and tick labels that would collide are thinned or turned.
 """
