@@ -133,7 +133,8 @@ def _public_objects() -> list[tuple[str, object]]:
             or inspect.ismodule(getattr(course_attn, name))]
 
 
-@pytest.mark.parametrize(("name", "obj"), _public_objects(), ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(("name", "obj"), _public_objects(),
+                         ids=[name for name, _ in _public_objects()])  # the same ids every run
 def test_every_public_name_says_which_chapter_explains_it(name, obj):
     doc = inspect.getdoc(obj) or ""
     assert re.search(r"\b(Chapters?|Ch\.) \d+", doc, flags=re.I), f"{name}: {doc[:80]!r}"
