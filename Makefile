@@ -53,9 +53,8 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/python tools/actionlint.py $(WORKFLOWS)
 
-# Two workers (pytest-xdist), one per core of CI's machine: most tests run in one thread.
 unit: $(STAMP)
-	$(BIN)/pytest tests -m "not site" -n 2
+	$(BIN)/pytest tests -m "not site"
 
 nbval: $(STAMP)
 	$(BIN)/pytest -p no:cacheprovider --nbval --nbval-current-env --nbval-sanitize-with $(SANITIZE) $(NB)
