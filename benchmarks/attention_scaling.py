@@ -65,6 +65,7 @@ def measure(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, repeat
         out, _ = attention(*leaves, is_causal=True, impl=impl)
         out.sum().backward()
 
+    forward()  # a first call may compile kernels (Triton's): not part of any figure
     peak_fwd, out = peak_memory_bytes(forward, device=device)
     del out
     peak_fb, _ = peak_memory_bytes(forward_backward, device=device)

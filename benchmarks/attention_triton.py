@@ -40,40 +40,19 @@ if not torch.cuda.is_available():  # before anything imports triton (the package
 
 import argparse  # noqa: E402
 
-from course_attn.core.attention import attention  # noqa: E402
+# one path's peak memory and median times, as the scaling benchmark measures them (run as
+# a script, this folder is on the import path)
+from attention_scaling import measure  # noqa: E402
+
 from course_attn.core.triton_attention import TRITON_FOUND  # noqa: E402
 from course_attn.env import pick_device  # noqa: E402
-from course_attn.lab.measure import median_seconds, peak_memory_bytes, sdpa_backend  # noqa: E402
+from course_attn.lab.measure import sdpa_backend  # noqa: E402
 from course_attn.train import gpu_peak_flops  # noqa: E402
 
 IMPLS = ("manual", "tiled", "triton", "sdpa")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GPU_LENGTHS = [256, 512, 1024, 2048, 4096, 8192, 16384]
 CPU_LENGTHS = [64, 128, 256]
-
-
-def measure(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, repeats: int,
-            device: torch.device) -> dict[str, float]:
-    """Peak bytes and median seconds of one path, forward and forward + backward."""
-    def forward():
-        with torch.no_grad():
-            return attention(q, k, v, is_causal=True, impl=impl)[0]
-
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-
-    def forward_backward():
-        for leaf in leaves:
-            leaf.grad = None
-        out, _ = attention(*leaves, is_causal=True, impl=impl)
-        out.sum().backward()
-
-    forward()  # the first call compiles the Triton kernels: not part of any figure
-    peak_fwd, out = peak_memory_bytes(forward, device=device)
-    del out
-    peak_fb, _ = peak_memory_bytes(forward_backward, device=device)
-    return {"mem_fwd": peak_fwd, "mem_fb": peak_fb,
-            "time_fwd": median_seconds(forward, repeats=repeats, device=device),
-            "time_fb": median_seconds(forward_backward, repeats=repeats, device=device)}
 
 
 def forward_flops(batch: int, heads: int, t: int, head_dim: int) -> float:
