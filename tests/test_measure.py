@@ -13,6 +13,7 @@ from course_attn.core.attention import attention
 from course_attn.core.tiled import tiled_attention
 from course_attn.lab.measure import (
     SDPA_BACKENDS,
+    SDPA_MISSING,
     count_ops,
     median_seconds,
     peak_memory_bytes,
@@ -92,6 +93,20 @@ def test_sdpa_backend_on_the_cpu():
     assert sdpa_backend(q, q, q) in SDPA_BACKENDS
     with pytest.raises(TypeError, match="k must be a torch.Tensor"):
         sdpa_backend(q, None, q)
+    with pytest.raises(ValueError, match=r"refused q \(1, 2, 8, 16\).*k \(1, 2, 8, 7\)"):
+        sdpa_backend(q, q[..., :7], q)  # a shape error stays an error
+
+
+def test_sdpa_backend_names_a_kernel_missing_on_this_cpu(monkeypatch):
+    """PyTorch's portable build on an Intel AMX CPU has no bfloat16 CPU kernel: say so."""
+    import torch.nn.functional as F
+
+    def missing(*args, **kwargs):
+        raise RuntimeError("pack_vnni2 is only supported when avx512 is supported")
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", missing)
+    q = torch.randn(1, 2, 8, 16).bfloat16()
+    assert sdpa_backend(q, q, q) == SDPA_MISSING
 
 
 def test_median_seconds_and_bad_arguments():

@@ -42,6 +42,7 @@ from .._validation import check_device, check_nonnegative_int, check_positive_in
 
 __all__ = [
     "SDPA_BACKENDS",
+    "SDPA_MISSING",
     "count_ops",
     "median_seconds",
     "peak_memory_bytes",
@@ -59,6 +60,11 @@ _SDPA_OPS = (
     ("aten::_scaled_dot_product_attention_math", "math"),
 )
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math", "overrideable")
+#: What :func:`sdpa_backend` answers where the kernel chosen has no code for these inputs on
+#: this machine (PyTorch's portable build on an Intel AMX CPU has no bfloat16 CPU kernel).
+SDPA_MISSING = "none on this CPU"
+# How PyTorch words a kernel it was built without or cannot run on this CPU.
+_MISSING_KERNEL = ("only supported when", "not implemented for", "not supported")
 
 
 @contextmanager
@@ -218,14 +224,27 @@ def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: An
     call is made once under the profiler and the answer read from the name of
     the operator it dispatched to, so it holds for these inputs on this device
     with the backends enabled at the time (see ``torch.nn.attention.sdpa_kernel``).
+
+    Where that kernel has no code for these inputs here (a dtype the CPU build cannot run
+    on this processor: PyTorch raises ``RuntimeError``), the answer is
+    :data:`SDPA_MISSING` instead of the error; any other error becomes a ``ValueError``
+    that names the inputs.
     """
     import torch.nn.functional as F
 
     for value, name in ((q, "q"), (k, "k"), (v, "v")):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    prof, _ = _profiled(lambda: F.scaled_dot_product_attention(q, k, v, **kwargs),
-                        profile_memory=False)
+    try:
+        prof, _ = _profiled(lambda: F.scaled_dot_product_attention(q, k, v, **kwargs),
+                            profile_memory=False)
+    except RuntimeError as err:
+        if any(words in str(err) for words in _MISSING_KERNEL):
+            return SDPA_MISSING
+        shapes = ", ".join(f"{n} {tuple(t.shape)} {t.dtype}"
+                           for n, t in zip("qkv", (q, k, v), strict=True))
+        raise ValueError(f"scaled_dot_product_attention refused {shapes} with {kwargs}: "
+                         f"{str(err).splitlines()[0]}") from err
     names = [event.name for event in prof.events()]
     for name in names:
         for op, backend in _SDPA_OPS:
