@@ -212,3 +212,87 @@ def test_figures_fit_the_column_and_have_alt_text(path):
                 f"{path.name}, code cell {index}: a figure {width} px wide is squeezed into "
                 f"the {FIGURE_COLUMN_PX} px column"
             )
+
+
+# --- Printed figures that round-off can change ---------------------------------------------
+# A float printed from a training run, a trained model, a measured time or a long reduction
+# has digits another CPU can change (DESIGN: print a bound, or print the value in a cell
+# nbval does not compare and assert what matters). The rule is checked twice: here, by
+# reading the source, and by make nbval-perturbed, which runs every notebook with its
+# random draws and gradients nudged (tools/perturbed/). A line whose printed float is exact
+# or closed-form (a loss floor from a formula, a count, a constant) says so with a comment
+# "# stable: why" on the line that formats it.
+
+FLOAT_FORMAT = re.compile(r"[eEfFgG%]$")  # format specs that print a float's digits
+# Names of what training and timing produce: a loss, an accuracy, a gap to a floor, a score
+# read off a trained model, a time.
+VOLATILE_NAME = re.compile(
+    r"loss(?!_floor)|acc(uracy)?\b|acc_|gap|score|perplexity|ppl|time|seconds|elapsed|"
+    r"minutes|(^|_)ms($|_)|perf_counter", re.IGNORECASE)
+# A cell that trains: after it, a float read off a tensor (.item()) comes from trained weights.
+TRAINS = re.compile(r"\btrain\w*\(|\.fit\(|\.step\(\)|\btrained\(")
+STABLE = re.compile(r"#\s*stable:\s*\S")
+
+
+def _parsed(source: str):
+    import ast
+
+    # IPython's magics and shell escapes are not Python: each becomes a pass.
+    return ast.parse(re.sub(r"^(\s*)[%!].*$", r"\1pass", source, flags=re.MULTILINE))
+
+
+def volatile_prints(nb: dict) -> list[str]:
+    """``"code cell N, line L: {expr:spec}"`` for each float a compared cell prints whose
+    digits depend on round-off: named after a loss, accuracy, gap, score or time, a share
+    (``%``), or read off a tensor after the notebook has trained."""
+    import ast
+
+    found, trained = [], False
+    for index, cell in enumerate(_code_cells(nb), start=1):
+        source = _source(cell)
+        trained = trained or bool(TRAINS.search(source))
+        if "nbval-ignore-output" in _tags(cell):
+            continue
+        lines = source.splitlines()
+        for node in ast.walk(_parsed(source)):
+            if not (isinstance(node, ast.FormattedValue) and node.format_spec is not None):
+                continue
+            spec = "".join(v.value for v in node.format_spec.values  # type: ignore[attr-defined]
+                           if isinstance(v, ast.Constant))
+            if not FLOAT_FORMAT.search(spec) or STABLE.search(lines[node.lineno - 1]):
+                continue
+            expr = ast.unparse(node.value)
+            names = [n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)]
+            names += [n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute)]
+            if any(VOLATILE_NAME.search(name) for name in names) or spec.endswith("%") or (
+                    trained and ".item()" in expr):
+                found.append(f"code cell {index}, line {node.lineno}: {{{expr}:{spec}}}")
+    return found
+
+
+def test_volatile_prints_are_found():
+    """The check itself: what it must report and what it must let through."""
+    def notebook(*cells):
+        return {"cells": [{"cell_type": "code", "source": src, "metadata": {"tags": tags}}
+                          for src, tags in cells]}
+
+    assert len(volatile_prints(notebook(
+        ('print(f"loss {loss:.3f}, {acc:.0%}, {time.perf_counter() - t:.1f} s")', []),
+        ('print(f"the visible symbols reversed: {same:.0%} (bound: 80%)")', []),
+        ('result = train(model, task)\nprint(f"{maps.mean().item():.2f}")', []),
+    ))) == 5
+    assert volatile_prints(notebook(
+        ('print(f"loss {loss:.3f}")', ["nbval-ignore-output"]),  # not compared
+        ('print(f"floor {task.loss_floor():.4f}")', []),  # a formula
+        ('print(f"{w.max().item():.4f}, {n:,} tokens, {gap_ok}")', []),  # no training yet
+        ('print(f"{loss:.3f}")  # stable: a loss of fixed inputs, float64', []),
+    )) == []
+
+
+@notebook_params
+def test_no_printed_figure_that_round_off_can_change(path):
+    found = volatile_prints(_load(path))
+    assert not found, (
+        f"{path.name}: these printed floats can change with the CPU; print a bound, or print "
+        "them in an nbval-ignore-output cell that asserts, or mark an exact one "
+        "'# stable: why':\n" + "\n".join(found))
