@@ -31,6 +31,7 @@ __all__ = [
     "check_block_call",
     "check_feed_forward_call",
     "check_multi_head_call",
+    "check_on_device",
     "check_positions_call",
 ]
 
@@ -44,6 +45,17 @@ def check_attention_function(fn: object) -> Any:
     return fn
 
 
+def check_on_device(tensor: Tensor, name: str, device: torch.device, owner: str) -> None:
+    """``tensor`` must be on ``device``, where ``owner`` (``"the layer"``, ``"the model"``) is.
+
+    Otherwise the first operation that mixes the two (a matmul, an index) fails deep
+    inside torch with "Tensor on device cpu is not on the expected device meta".
+    """
+    if tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device} but {owner} is on {device}; move one "
+                         f"of them, e.g. {name}.to({str(device)!r})")
+
+
 def check_multi_head_call(layer: Any, query: object, key: object, value: object,
                           attention_mask: object, mask: object, is_causal: object,
                           need_weights: object, cache: object, bias: object,
@@ -52,6 +64,7 @@ def check_multi_head_call(layer: Any, query: object, key: object, value: object,
     moved to the queries' device."""
     dtype = layer.q_proj.weight.dtype
     query = check_sequence(query, "query", width=layer.d_model, dtype=dtype)
+    check_on_device(query, "query", layer.q_proj.weight.device, "the layer")
     if (key is None) != (value is None):
         raise ValueError("pass both key and value (cross-attention) or neither "
                          "(self-attention)")
@@ -96,6 +109,7 @@ def check_feed_forward_call(layer: Any, x: object) -> None:
     """Check a standalone ``FeedForward`` call: a tensor ``(..., D)`` in the layer's dtype."""
     x = check_tensor(x, "x", min_ndim=1)
     weight = layer.linear1.weight
+    check_on_device(x, "x", weight.device, "the layer")
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x must have width d_model={weight.shape[1]}, "
                          f"got shape {tuple(x.shape)}")
@@ -109,6 +123,7 @@ def check_feed_forward_call(layer: Any, x: object) -> None:
 def check_positions_call(layer: Any, x: object, positions: object) -> None:
     """Check a standalone ``PositionalEncoding`` call: ``x (B, T, D)``, positions in the table."""
     x = check_tensor(x, "x", ndim=3)
+    check_on_device(x, "x", layer.table.device, "the layer")
     context_length, d_model = layer.table.shape
     if x.shape[-1] != d_model:
         raise ValueError(f"x must have width d_model={d_model}, got shape {tuple(x.shape)}")
@@ -137,6 +152,7 @@ def check_block_call(block: Any, x: object, attention_mask: object, mask: object
     # LayerNorm shape error, and memory's errors would be reported as "key".
     d_model, dtype = block.self_attn.d_model, block.norm1.weight.dtype
     x = check_sequence(x, "x", width=d_model, dtype=dtype)
+    check_on_device(x, "x", block.norm1.weight.device, "the layer")
     if (memory is None) != (block.cross_attn is None):
         raise ValueError("memory must be given exactly when the block was built with "
                          f"cross_attention=True (this block has cross_attention="

@@ -24,7 +24,7 @@ from .._validation import (
     check_token_ids,
     check_token_mask,
 )
-from ..core.checks import check_caches
+from ..core.checks import check_caches, check_on_device
 
 __all__ = [
     "check_decoder_call",
@@ -37,10 +37,7 @@ __all__ = [
 
 def check_on_model_device(model: nn.Module, ids: Tensor, name: str) -> None:
     """Token ids must be where the model's weights are (an embedding would fail inside)."""
-    weights = next(model.parameters())
-    if ids.device != weights.device:
-        raise ValueError(f"{name} is on {ids.device} but the model is on {weights.device}; move "
-                         f"one of them, e.g. {name}.to({str(weights.device)!r})")
+    check_on_device(ids, name, next(model.parameters()).device, "the model")
 
 
 def _key_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
