@@ -127,7 +127,11 @@ def test_multi_head_attention_cache_and_cross_attention_on_meta():
     step = mha(x[:, 4:5], is_causal=True, cache=cache)[0]  # T_q=1 < T_k=5: bottom-right mask
     memory = torch.randn(2, 3, 16, device=META)
     cross = mha(x, memory, memory, attention_mask=padding_mask([3, 2], device=META))[0]
-    assert all_on_meta(step, cross, cache.k)
+    from course_attn.core.kv_cache import CrossKVCache
+
+    cross_cache = CrossKVCache()  # the static cross-attention cache: filled, then read
+    cross_steps = [mha(x[:, t:t + 1], memory, memory, cache=cross_cache)[0] for t in range(2)]
+    assert all_on_meta(step, cross, cache.k, cross_cache.k, cross_cache.v, *cross_steps)
 
 
 @pytest.mark.parametrize("impl", ATTENTION_IMPLS)

@@ -10,7 +10,7 @@ from .core.attention import (
     attention,
     scaled_dot_product_attention,
 )
-from .core.kv_cache import Cache, KVCache, new_caches
+from .core.kv_cache import Cache, CrossKVCache, KVCache, new_caches
 from .core.layers import (
     FeedForward,
     MultiHeadAttention,
@@ -59,7 +59,7 @@ from .data.text import (
 )
 from .env import environment_report, pick_device, seed_everything
 from .lab.analysis import attention_maps, induction_attention_score, offset_attention_score
-from .lab.experiments import block_gradient_norms, decode_step_seconds
+from .lab.experiments import block_gradient_norms, cross_cache_step_ms, decode_step_seconds
 from .models.encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
 from .models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
 from .modern.alibi import alibi_attention, alibi_bias, alibi_slopes
@@ -98,6 +98,7 @@ __all__ = [
     "ATTENTION_FUNCTIONS",
     "ATTENTION_IMPLS",
     "Cache",
+    "CrossKVCache",
     "FeedForward",
     "KVCache",
     "MultiHeadAttention",
@@ -121,6 +122,7 @@ __all__ = [
     "EncoderDecoder",
     "EncoderDecoderConfig",
     "block_gradient_norms",
+    "cross_cache_step_ms",
     "decode_step_seconds",
     "new_caches",
     "positions_from_attention_mask",
