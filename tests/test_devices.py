@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_attn import attention_maps
+from course_attn import attention_maps, cross_attention_maps
 from course_attn.core.attention import ATTENTION_IMPLS, attention
 from course_attn.core.layers import MultiHeadAttention, PositionalEncoding, TransformerBlock
 from course_attn.core.masks import causal_mask, padding_mask
@@ -176,7 +176,8 @@ def test_encoder_decoder_forward_backward_and_greedy_decode_on_meta():
         out = model.greedy_decode(src, tgt[:, :1], 3, src_attention_mask=src_mask,
                                   use_cache=use_cache)
         assert out.shape == (2, 4) and out.device == META
-    assert logits.device == META
+    maps = cross_attention_maps(model, src, tgt, src_attention_mask=src_mask)
+    assert logits.device == META and maps.shape == (2, 2, 2, 4, T) and maps.device == META
 
 
 def test_batches_are_made_on_the_asked_device():

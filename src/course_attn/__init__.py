@@ -58,7 +58,12 @@ from .data.text import (
     train_val_split,
 )
 from .env import environment_report, pick_device, seed_everything
-from .lab.analysis import attention_maps, induction_attention_score, offset_attention_score
+from .lab.analysis import (
+    attention_maps,
+    cross_attention_maps,
+    induction_attention_score,
+    offset_attention_score,
+)
 from .lab.experiments import block_gradient_norms, cross_cache_step_ms, decode_step_seconds
 from .models.encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
 from .models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
@@ -90,6 +95,7 @@ __all__ = [
     "measure",
     "download_tiny_shakespeare",
     "attention_maps",
+    "cross_attention_maps",
     "induction_attention_score",
     "load_text",
     "offset_attention_score",
