@@ -161,8 +161,7 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         (batch, t_q, _), t_k, hd = query.shape, key.shape[1], self.head_dim
-        q = self.q_proj(query).view(batch, t_q, self.n_heads, hd)  # (B, T_q, H, hd)
-        q = q.transpose(1, 2)  # (B, H, T_q, hd)
+        q = self.q_proj(query).view(batch, t_q, self.n_heads, hd).transpose(1, 2)  # (B, H, T_q, hd)
         if rotate is not None:  # RoPE: a query is turned by its position
             q = rotate(q)
         if isinstance(cache, CrossKVCache) and cache.k is not None and cache.v is not None:
