@@ -23,6 +23,7 @@ import torch
 
 import course_attn
 from course_attn import (
+    CrossKVCache,
     Decoder,
     Encoder,
     EncoderDecoder,
@@ -42,6 +43,7 @@ from course_attn import (
     block_grid,
     causal_mask,
     combine_masks,
+    cross_cache_step_ms,
     decode_step_seconds,
     merge_heads,
     merge_softmax_states,
@@ -81,6 +83,8 @@ EXEMPT = {
     # layer's or the model's door checks the cache once (check_cache), before any work.
     ("KVCache.update", TypeError): "checked by its owner's door (tests/test_kv_cache.py)",
     ("KVCache.update", ValueError): "checked by its owner's door (tests/test_kv_cache.py)",
+    ("CrossKVCache.update", TypeError): "checked by its owner's door (tests/test_kv_cache.py)",
+    ("CrossKVCache.update", ValueError): "checked by its owner's door (tests/test_kv_cache.py)",
     ("Cache", TypeError): "a typing.Protocol: never instantiated",
     ("Cache", ValueError): "a typing.Protocol: never instantiated",
 }
@@ -259,6 +263,11 @@ case("TransformerBlock.forward", "attention_mask", ValueError,
      lambda: BLOCK(X8, attention_mask=_bool(2, 2)))
 case("TransformerBlock.forward", "is_causal", TypeError, lambda: BLOCK(X8, is_causal="no"))
 case("TransformerBlock.forward", "cache", TypeError, lambda: BLOCK(X8, cache=[]))
+case("TransformerBlock.forward", "cross_cache", TypeError,
+     lambda: CROSS_BLOCK(X8, memory=MEMORY, cross_cache=KVCache()))
+case("TransformerBlock.forward", "cross_cache", ValueError,
+     lambda: BLOCK(X8, cross_cache=CrossKVCache()))
+case("TransformerBlock.forward", "need_weights", TypeError, lambda: BLOCK(X8, need_weights=1))
 
 # ---------------------------------------------------------------------- model
 case("GPTConfig", "vocab_size", TypeError, lambda: GPTConfig(vocab_size="7", context_length=8))
@@ -340,6 +349,12 @@ case("Decoder.forward", "memory_attention_mask", TypeError,
      lambda: ED.decoder(IDX, MEMORY, memory_attention_mask=torch.ones(2, 5)))
 case("Decoder.forward", "caches", TypeError, lambda: ED.decoder(IDX, MEMORY, caches=KVCache()))
 case("Decoder.forward", "caches", ValueError, lambda: ED.decoder(IDX, MEMORY, caches=[]))
+case("Decoder.forward", "cross_caches", TypeError,
+     lambda: ED.decoder(IDX, MEMORY, cross_caches=[KVCache()]))
+case("Decoder.forward", "cross_caches", ValueError,
+     lambda: ED.decoder(IDX, MEMORY, cross_caches=[]))
+case("Decoder.forward", "need_weights", TypeError,
+     lambda: ED.decoder(IDX, MEMORY, need_weights="yes"))
 case("EncoderDecoder.forward", "src", TypeError, lambda: ED("src", IDX))
 case("EncoderDecoder.forward", "tgt", ValueError, lambda: ED(IDX, IDX + V))
 case("EncoderDecoder.forward", "tgt_attention_mask", TypeError,
@@ -383,6 +398,11 @@ case("decode_step_seconds", "seed", TypeError,
      lambda: decode_step_seconds(ED, 2, use_cache=True, seed="0"))
 case("decode_step_seconds", "seed", ValueError,
      lambda: decode_step_seconds(ED, 2, use_cache=True, seed=-1))
+case("decode_step_seconds", "cross_cache", TypeError,
+     lambda: decode_step_seconds(ED, 2, use_cache=True, cross_cache=None))
+case("cross_cache_step_ms", "model", TypeError, lambda: cross_cache_step_ms(GPT, [4]))
+case("cross_cache_step_ms", "src_lengths", TypeError, lambda: cross_cache_step_ms(ED, 16))
+case("cross_cache_step_ms", "src_lengths", ValueError, lambda: cross_cache_step_ms(ED, [0]))
 
 # ------------------------------------------------------------------------ env
 case("pick_device", "preferred", TypeError, lambda: pick_device(0))

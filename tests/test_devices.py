@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_attn import attention_maps
+from course_attn import attention_maps, cross_attention_maps
 from course_attn.core.attention import ATTENTION_IMPLS, attention
 from course_attn.core.layers import MultiHeadAttention, PositionalEncoding, TransformerBlock
 from course_attn.core.masks import causal_mask, padding_mask
@@ -127,7 +127,11 @@ def test_multi_head_attention_cache_and_cross_attention_on_meta():
     step = mha(x[:, 4:5], is_causal=True, cache=cache)[0]  # T_q=1 < T_k=5: bottom-right mask
     memory = torch.randn(2, 3, 16, device=META)
     cross = mha(x, memory, memory, attention_mask=padding_mask([3, 2], device=META))[0]
-    assert all_on_meta(step, cross, cache.k)
+    from course_attn.core.kv_cache import CrossKVCache
+
+    cross_cache = CrossKVCache()  # the static cross-attention cache: filled, then read
+    cross_steps = [mha(x[:, t:t + 1], memory, memory, cache=cross_cache)[0] for t in range(2)]
+    assert all_on_meta(step, cross, cache.k, cross_cache.k, cross_cache.v, *cross_steps)
 
 
 @pytest.mark.parametrize("impl", ATTENTION_IMPLS)
@@ -172,7 +176,8 @@ def test_encoder_decoder_forward_backward_and_greedy_decode_on_meta():
         out = model.greedy_decode(src, tgt[:, :1], 3, src_attention_mask=src_mask,
                                   use_cache=use_cache)
         assert out.shape == (2, 4) and out.device == META
-    assert logits.device == META
+    maps = cross_attention_maps(model, src, tgt, src_attention_mask=src_mask)
+    assert logits.device == META and maps.shape == (2, 2, 2, 4, T) and maps.device == META
 
 
 def test_batches_are_made_on_the_asked_device():

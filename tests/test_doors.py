@@ -15,11 +15,18 @@ import pytest
 import torch
 
 import course_attn._validation as validation
+import course_attn.core.checks as core_checks
+import course_attn.models.checks as model_checks
 from course_attn import (
     CharCorpus,
+    EncoderDecoder,
+    EncoderDecoderConfig,
+    FeedForward,
     GPTConfig,
     MiniGPT,
     MultiHeadAttention,
+    PositionalEncoding,
+    TransformerBlock,
     attention,
     causal_mask,
     load_text,
@@ -122,3 +129,53 @@ def test_generate_checks_its_arguments_once_not_per_step(monkeypatch):
     block = type(model.blocks[0])(8, 2)
     block(torch.randn(2, 3, 8))
     assert counts["n"] > 0  # a block a reader builds checks its inputs
+
+
+LAYERS = {  # issue 33: each layer a chapter builds and calls alone, with its call
+    "FeedForward": (lambda: FeedForward(8), lambda layer, x: layer(x)),
+    "PositionalEncoding": (lambda: PositionalEncoding(8, 16), lambda layer, x: layer(x)),
+    "MultiHeadAttention": (lambda: MultiHeadAttention(8, 2), lambda layer, x: layer(x)),
+    "TransformerBlock": (lambda: TransformerBlock(8, 2), lambda layer, x: layer(x)),
+    "decoder TransformerBlock": (lambda: TransformerBlock(8, 2, cross_attention=True),
+                                 lambda layer, x: layer(x, memory=x)),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize(("layer_device", "input_device"), [("cpu", "meta"), ("meta", "cpu")])
+def test_a_layer_called_with_inputs_on_another_device_names_both(name, layer_device,
+                                                                  input_device):
+    make, call = LAYERS[name]
+    layer = make().to(layer_device)
+    x = torch.randn(2, 3, 8, device=input_device)
+    argument = "query" if name == "MultiHeadAttention" else "x"
+    with pytest.raises(ValueError, match=rf"^{argument} is on {input_device} but the layer is "
+                                         rf"on {layer_device}; move one of them, e\.g\. "
+                                         rf"{argument}\.to\('{layer_device}'\)$"):
+        call(layer, x)  # once "Tensor on device cpu is not on the expected device meta!"
+    out = call(layer, torch.randn(2, 3, 8, device=layer_device))  # on one device it runs
+    assert (out if isinstance(out, torch.Tensor) else out[0]).device.type == layer_device
+
+
+def test_the_device_check_runs_at_the_models_door_not_in_every_layer(monkeypatch):
+    calls = {"n": 0}
+    original = core_checks.check_on_device
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return original(*args, **kwargs)
+
+    for module in (core_checks, model_checks):
+        monkeypatch.setattr(module, "check_on_device", counting)
+    counts = []
+    for n_layers in (1, 4):
+        model = EncoderDecoder(EncoderDecoderConfig(src_vocab_size=5, tgt_vocab_size=5,
+                                                    d_model=8, n_heads=2, n_layers=n_layers))
+        calls["n"] = 0
+        model(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
+        counts.append(calls["n"])
+    assert counts == [2, 2]  # the encoder's door and the decoder's, whatever the depth
+    calls["n"] = 0
+    model.greedy_decode(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long),
+                        6)
+    assert calls["n"] == 2  # src at the encoder's door, the prompt; none in the 6 steps

@@ -22,6 +22,7 @@ from course_attn import (
     MiniGPT,
     TransformerBlock,
     attention_maps,
+    cross_attention_maps,
     linear_attention,
     padding_mask,
 )
@@ -119,6 +120,45 @@ def test_a_cross_attention_hook_sees_the_padded_source_masked():
     model(src, tgt, src_attention_mask=padding_mask([5, 3], 5))
     assert seen[0].shape == (2, 1, 1, 5)  # (B, 1, 1, T_s): the same for every head and query
     assert seen[0][1, 0, 0].tolist() == [True, True, True, False, False]
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_cross_attention_maps_are_what_cross_attention_computes_pre_and_post_norm(norm_first):
+    """Issue 36, item 11: the weights are caught at cross_attn itself, so a post-norm block
+    (whose norm3 comes *after* cross-attention) is read right too."""
+    torch.manual_seed(1)
+    model = EncoderDecoder(EncoderDecoderConfig(src_vocab_size=V, tgt_vocab_size=V, d_model=16,
+                                                n_heads=2, n_layers=2, norm_first=norm_first))
+    model = model.double().train()
+    src, tgt = torch.randint(V, (2, 5)), torch.randint(V, (2, 4))
+    src_mask, tgt_mask = padding_mask([5, 3], 5), padding_mask([4, 2], 4)
+    inputs, norm3_out = [], []  # each block's input and call, norm3's output
+    for block in model.decoder.blocks:
+        block.register_forward_pre_hook(lambda m, args, kwargs: inputs.append((args, kwargs)),
+                                        with_kwargs=True)
+        block.norm3.register_forward_hook(lambda m, args, out: norm3_out.append(out))
+    maps = cross_attention_maps(model, src, tgt, src_attention_mask=src_mask,
+                                tgt_attention_mask=tgt_mask)  # (L, B, H, T_t, T_s)
+    assert maps.shape == (2, 2, 2, 4, 5) and model.training  # the mode is restored
+    assert torch.equal(maps[:, 1, :, :, 3:], torch.zeros(2, 2, 4, 2))  # padded source keys
+    for layer, (block, ((x,), kw)) in enumerate(zip(model.decoder.blocks, inputs, strict=True)):
+        self_attention = {"mask": kw["mask"], "is_causal": kw["is_causal"]}
+        with torch.no_grad():  # what the block hands its cross-attention, written out
+            if norm_first:  # x + self_attn(norm1(x)), then norm3
+                query = block.norm3(x + block.self_attn(block.norm1(x), **self_attention)[0])
+            else:  # norm1(x + self_attn(x)), and nothing between it and cross-attention
+                query = block.norm1(x + block.self_attn(x, **self_attention)[0])
+            memory = kw["memory"]  # (B, T_s, D)
+            expected = block.cross_attn(query, memory, memory, attention_mask=src_mask,
+                                        need_weights=True)[1]  # (B, H, T_t, T_s)
+            from_norm3 = block.cross_attn(norm3_out[layer], memory, memory,
+                                          attention_mask=src_mask, need_weights=True)[1]
+        torch.testing.assert_close(maps[layer], expected, atol=1e-12, rtol=0)
+        # the old recipe, queries read at norm3, is right only before the norm moves
+        assert torch.allclose(from_norm3, expected) == norm_first
+    opened = cross_attention_maps(model, src, tgt, src_attention_mask=src_mask,
+                                  memory_attention_mask=torch.ones(2, 5, dtype=torch.bool))
+    assert (opened[:, 1, :, :, 3:] > 0).all()  # another mask for cross-attention alone
 
 
 def test_an_attention_function_swaps_the_path_of_every_block():

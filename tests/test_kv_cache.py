@@ -17,17 +17,20 @@ import torch
 from torch.testing import assert_close
 
 from course_attn import (
+    Cache,
+    CrossKVCache,
     EncoderDecoder,
     EncoderDecoderConfig,
     KVCache,
     MultiHeadAttention,
     PositionalEncoding,
     TransformerBlock,
+    cross_cache_step_ms,
     decode_step_seconds,
     padding_mask,
     positions_from_attention_mask,
 )
-from course_attn.core.checks import check_cache
+from course_attn.core.checks import check_cache, check_cross_cache
 
 TOL = {"atol": 1e-10, "rtol": 1e-8}
 D, H = 16, 4
@@ -120,6 +123,122 @@ def test_encoder_decoder_incremental_decoding_matches_full_pass_every_step(norm_
     assert all(cache.length == 7 for cache in caches)
 
 
+def _count_calls(modules) -> dict[str, int]:
+    """Count the forward calls of ``modules`` (a forward hook on each)."""
+    calls = {"n": 0}
+    for module in modules:
+        module.register_forward_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1))
+    return calls
+
+
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+def test_cross_attention_with_the_static_cache_matches_recomputing_the_memory(impl):
+    torch.manual_seed(10)
+    mha = MultiHeadAttention(D, H, impl=impl).double().eval()
+    queries = torch.randn(3, 5, D, dtype=torch.float64)
+    memory = torch.randn(3, 6, D, dtype=torch.float64)
+    real = padding_mask([6, 2, 4])  # (B, T_s): source padding
+    full = mha(queries, memory, memory, attention_mask=real)[0]  # (B, T_q, D)
+    projections = _count_calls([mha.k_proj, mha.v_proj])
+    cache = CrossKVCache()
+    assert isinstance(cache, Cache)  # length and reset(), as generation needs of every cache
+    for t in range(5):  # one query per decoding step, the same memory
+        step = mha(queries[:, t:t + 1], memory, memory, attention_mask=real, cache=cache)[0]
+        assert cache.length == 6 and cache.k.shape == (3, H, 6, D // H)
+        assert_close(step[:, 0], full[:, t], **TOL)
+    assert projections["n"] == 2  # k_proj and v_proj ran at the first step only
+    # a filled cache is read, not the memory: the memory's values no longer matter
+    again = mha(queries[:, :1], memory + 1.0, memory + 1.0, attention_mask=real, cache=cache)[0]
+    assert torch.equal(again, mha(queries[:, :1], memory, memory, attention_mask=real,
+                                  cache=cache)[0])
+    cache.reset()
+    assert cache.length == 0 and cache.k is None and cache.v is None
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_the_static_cross_cache_projects_the_memory_once_and_changes_no_logit(norm_first):
+    """Cached decoding with and without the cross-attention cache: the same logits, exactly
+    as the full pass, with source and target padding; the memory projected once per layer."""
+    model = _model(norm_first)
+    g = torch.Generator().manual_seed(11)
+    src, src_mask = torch.randint(9, (3, 5), generator=g), padding_mask([5, 2, 4])
+    tgt, tgt_mask = torch.randint(10, (3, 7), generator=g), padding_mask([7, 4, 2], side="left")
+    memory = model.encoder(src, src_mask)
+    full = model.decoder(tgt, memory, tgt_attention_mask=tgt_mask,
+                         memory_attention_mask=src_mask)  # (B, T_t, V)
+    cross_layers = [block.cross_attn for block in model.decoder.blocks]
+    projections = _count_calls([layer.k_proj for layer in cross_layers])
+    caches, cross_caches = model.new_caches(), model.new_cross_caches()
+    plain_caches = model.new_caches()  # the same decoding without the cross cache
+    for t in range(7):
+        kwargs = {"tgt_attention_mask": tgt_mask[:, :t + 1], "memory_attention_mask": src_mask}
+        logits = model.decoder(tgt[:, t:t + 1], memory, caches=caches,
+                               cross_caches=cross_caches, **kwargs)  # (B, 1, V)
+        real = tgt_mask[:, t]
+        assert_close(logits[real, 0], full[real, t], **TOL)
+        if t == 0:
+            assert projections["n"] == 2  # one projection of the memory per layer
+        plain = model.decoder(tgt[:, t:t + 1], memory, caches=plain_caches, **kwargs)
+        assert torch.equal(logits, plain)  # the cached keys are the very same numbers
+    assert projections["n"] == 2 + 7 * 2  # the plain run projected it at all 7 steps
+    assert all(c.length == 5 and c.k.shape == (3, H, 5, D // H) for c in cross_caches)
+
+
+def test_greedy_decoding_projects_the_memory_once_per_layer_with_the_cache():
+    model = _model(norm_first=False)
+    g = torch.Generator().manual_seed(12)
+    src, src_mask = torch.randint(9, (2, 6), generator=g), padding_mask([6, 3])
+    prompt = torch.randint(10, (2, 1), generator=g)
+    cross_layers = [block.cross_attn for block in model.decoder.blocks]
+    projections = _count_calls([layer.v_proj for layer in cross_layers])
+    cached = model.greedy_decode(src, prompt, 8, src_attention_mask=src_mask)
+    assert projections["n"] == 2  # 8 steps, 2 layers: projected at the first step only
+    projections["n"] = 0
+    uncached = model.greedy_decode(src, prompt, 8, src_attention_mask=src_mask, use_cache=False)
+    assert projections["n"] == 8 * 2 and torch.equal(cached, uncached)
+
+
+def test_a_cross_cache_that_does_not_fit_is_refused_before_any_work():
+    model = _model()
+    memory = model.encoder(torch.zeros(2, 4, dtype=torch.long))
+    tgt = torch.zeros(2, 1, dtype=torch.long)
+    cross_caches = model.new_cross_caches()
+    model.decoder(tgt, memory, cross_caches=cross_caches)
+    with pytest.raises(ValueError, match=r"^cross_caches\[0\] holds the keys of T_s=4 memory "
+                                         r"positions but the memory has 3; reset\(\) it"):
+        model.decoder(tgt, memory[:, :3], cross_caches=cross_caches)
+    with pytest.raises(ValueError, match=r"^cross_caches\[0\] holds \(B, H, head_dim\)"):
+        model.decoder(tgt[:1], memory[:1], cross_caches=cross_caches)
+    with pytest.raises(TypeError, match=r"^cross_caches\[1\] must be a CrossKVCache \(the "
+                                        r"static cross-attention cache\), got KVCache"):
+        model.decoder(tgt, memory, cross_caches=[CrossKVCache(), KVCache()])
+    with pytest.raises(ValueError, match=r"^cross_caches must be a list of 2 CrossKVCache"):
+        model.decoder(tgt, memory, cross_caches=cross_caches[:1])
+    cross_caches[1].reset()
+    with pytest.raises(ValueError, match=r"^the cross_caches of the layers hold different "
+                                         r"lengths \[0, 4\]; create them together with "
+                                         r"new_cross_caches\(\)"):
+        model.decoder(tgt, memory, cross_caches=cross_caches)
+    assert cross_caches[0].length == 4 and cross_caches[1].length == 0  # nothing was filled
+    block = TransformerBlock(D, H, cross_attention=True)
+    x = torch.randn(2, 1, D)
+    with pytest.raises(ValueError, match=r"^cross_cache was given without memory"):
+        TransformerBlock(D, H)(x, cross_cache=CrossKVCache())
+    with pytest.raises(TypeError, match=r"^cross_cache must be a CrossKVCache"):
+        block(x, memory=torch.randn(2, 3, D), cross_cache=KVCache())
+    with pytest.raises(ValueError, match=r"^cache is a CrossKVCache, the memory's keys for "
+                                         r"cross-attention: pass the memory as key and value"):
+        MultiHeadAttention(D, H)(x, cache=CrossKVCache())
+    fits = {"batch": 2, "heads": H, "head_dim": D // H, "dtype": torch.float32,
+            "device": torch.device("cpu"), "memory_length": 3}
+    filled = CrossKVCache()
+    filled.update(torch.zeros(2, H, 3, D // H), torch.zeros(2, H, 3, D // H))
+    assert check_cross_cache(filled, "cache", **fits) is filled
+    with pytest.raises(TypeError, match=r"^cache holds torch.float32 keys but the layer makes "
+                                        r"torch.float64 keys"):
+        check_cross_cache(filled, "cache", **{**fits, "dtype": torch.float64})
+
+
 def test_greedy_decoding_is_identical_with_and_without_the_cache():
     model = _model()
     g = torch.Generator().manual_seed(6)
@@ -169,7 +288,9 @@ def test_a_cache_used_with_a_mismatched_batch_or_mask_is_rejected():
               attention_mask=torch.ones(2, 1, dtype=torch.bool))  # covers only the new key
     with pytest.raises(TypeError, match="cache must be a KVCache"):
         block(torch.randn(2, 1, D), cache=[])
-    with pytest.raises(ValueError, match="cache is for self-attention"):
+    with pytest.raises(ValueError, match=r"^cache is a KVCache, which grows with "
+                                         r"self-attention: pass key=value=None with it "
+                                         r"\(cross-attention takes a CrossKVCache\)"):
         MultiHeadAttention(D, H)(torch.randn(2, 1, D), torch.randn(2, 3, D), torch.randn(2, 3, D),
                                  cache=KVCache())[0]
 
@@ -210,6 +331,27 @@ def test_decode_step_seconds_returns_a_time_and_validates():
     with pytest.raises(TypeError, match="use_cache must be a bool"):
         model.greedy_decode(torch.zeros(1, 2, dtype=torch.long),
                             torch.zeros(1, 1, dtype=torch.long), 2, use_cache=1)
+
+
+def test_cross_cache_step_ms_returns_both_curves_for_the_chapter():
+    model = EncoderDecoder(EncoderDecoderConfig(src_vocab_size=5, tgt_vocab_size=5, d_model=8,
+                                                n_heads=2, n_layers=1, context_length=16))
+    for cross_cache in (True, False):
+        seconds = decode_step_seconds(model, 4, use_cache=True, src_len=6, repeats=2,
+                                      cross_cache=cross_cache)
+        assert isinstance(seconds, float) and math.isfinite(seconds) and seconds > 0
+    curves = cross_cache_step_ms(model, [2, 16], prefix_len=3, repeats=2)
+    assert list(curves) == ["static cross-attention cache", "memory projected at every step"]
+    for ms in curves.values():
+        assert len(ms) == 2 and all(isinstance(t, float) and math.isfinite(t) and t > 0
+                                    for t in ms)
+    with pytest.raises(ValueError, match=r"^src_lengths must not exceed context_length=16, "
+                                         r"got 17"):
+        cross_cache_step_ms(model, [4, 17])
+    with pytest.raises(TypeError, match=r"^src_lengths must be a non-empty sequence"):
+        cross_cache_step_ms(model, [])
+    with pytest.raises(TypeError, match=r"^cross_cache must be a bool"):
+        decode_step_seconds(model, 4, use_cache=True, cross_cache="no")
 
 
 # --------------------------- issue 18: dtype and device of a cache, right-padded prompts

@@ -36,6 +36,34 @@ def test_kv_formulas_equal_the_bytes_of_real_caches(kind, n_kv_heads, dtype):
                           batch_size=B, dtype=dtype, **extra) == measured
 
 
+def test_encoder_decoder_formula_adds_the_memory_of_the_cross_attention_cache():
+    """Chapter 8's 2 L B (T + T_s) D: the self-attention caches and the static cross caches."""
+    from course_attn import EncoderDecoder, EncoderDecoderConfig
+
+    t_s, d_model = 7, H * HD
+    model = EncoderDecoder(EncoderDecoderConfig(src_vocab_size=5, tgt_vocab_size=5,
+                                                d_model=d_model, n_heads=H,
+                                                n_layers=N_LAYERS)).eval()
+    memory = model.encoder(torch.zeros(B, t_s, dtype=torch.long))
+    caches, cross_caches = model.new_caches(), model.new_cross_caches()
+    with torch.no_grad():
+        for _ in range(T):  # T decoding steps of one token each
+            model.decoder(torch.zeros(B, 1, dtype=torch.long), memory, caches=caches,
+                          cross_caches=cross_caches)
+    self_bytes = sum(nbytes(c.k, c.v) for c in caches)
+    cross_bytes = sum(nbytes(c.k, c.v) for c in cross_caches)
+    sizes = {"n_layers": N_LAYERS, "context_length": T, "n_heads": H, "head_dim": HD,
+             "batch_size": B}
+    assert kv_cache_bytes("mha", **sizes) == self_bytes
+    assert kv_cache_bytes("mha", memory_length=t_s, **sizes) == self_bytes + cross_bytes
+    assert self_bytes + cross_bytes == 2 * N_LAYERS * B * (T + t_s) * d_model * 4  # float32
+    with pytest.raises(ValueError, match=r"^memory_length is the source length.*must be 0 "
+                                         r"for kind='linear', got 3"):
+        kv_cache_bytes("linear", memory_length=3, **sizes)
+    with pytest.raises(TypeError, match=r"^memory_length must be"):
+        kv_cache_bytes("mha", memory_length=3.0, **sizes)
+
+
 @pytest.mark.parametrize("window", [1, 4, 11, 50])
 def test_window_formula_equals_the_bytes_of_a_rolling_cache(window):
     cache = filled_kv_cache(2, cache=RollingKVCache(window))

@@ -19,6 +19,7 @@ import course_attn.train as trainer
 from course_attn.data import tasks
 from course_attn.data import text as data
 from course_attn.lab import analysis
+from course_attn.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import checkpoint, cli, hardware, presets, resume
 
@@ -144,6 +145,12 @@ CASES: dict[str, Case] = {
                              lambda p: tasks.RecallTask().get_batch("dev", 2), "split"),
     "attention_maps": (lambda p: analysis.attention_maps(model(), TASK_IDS.double()), "idx",
                        lambda p: analysis.attention_maps(model(), TASK_IDS[0]), "idx"),
+    "cross_attention_maps": (
+        lambda p: analysis.cross_attention_maps(model(), TASK_IDS, TASK_IDS), "model",
+        lambda p: analysis.cross_attention_maps(
+            EncoderDecoder(EncoderDecoderConfig(src_vocab_size=6, tgt_vocab_size=6, d_model=8,
+                                                n_heads=2, n_layers=1)),
+            TASK_IDS, TASK_IDS + 6), "tgt"),
     "induction_attention_score": (
         lambda p: analysis.induction_attention_score(WEIGHTS[None], [[0, 1]]), "tokens",
         lambda p: analysis.induction_attention_score(WEIGHTS[None], torch.arange(6)), "tokens"),

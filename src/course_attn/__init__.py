@@ -10,7 +10,7 @@ from .core.attention import (
     attention,
     scaled_dot_product_attention,
 )
-from .core.kv_cache import Cache, KVCache, new_caches
+from .core.kv_cache import Cache, CrossKVCache, KVCache, new_caches
 from .core.layers import (
     FeedForward,
     MultiHeadAttention,
@@ -58,8 +58,13 @@ from .data.text import (
     train_val_split,
 )
 from .env import environment_report, pick_device, seed_everything
-from .lab.analysis import attention_maps, induction_attention_score, offset_attention_score
-from .lab.experiments import block_gradient_norms, decode_step_seconds
+from .lab.analysis import (
+    attention_maps,
+    cross_attention_maps,
+    induction_attention_score,
+    offset_attention_score,
+)
+from .lab.experiments import block_gradient_norms, cross_cache_step_ms, decode_step_seconds
 from .models.encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
 from .models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
 from .modern.alibi import alibi_attention, alibi_bias, alibi_slopes
@@ -90,6 +95,7 @@ __all__ = [
     "measure",
     "download_tiny_shakespeare",
     "attention_maps",
+    "cross_attention_maps",
     "induction_attention_score",
     "load_text",
     "offset_attention_score",
@@ -98,6 +104,7 @@ __all__ = [
     "ATTENTION_FUNCTIONS",
     "ATTENTION_IMPLS",
     "Cache",
+    "CrossKVCache",
     "FeedForward",
     "KVCache",
     "MultiHeadAttention",
@@ -121,6 +128,7 @@ __all__ = [
     "EncoderDecoder",
     "EncoderDecoderConfig",
     "block_gradient_norms",
+    "cross_cache_step_ms",
     "decode_step_seconds",
     "new_caches",
     "positions_from_attention_mask",

@@ -21,7 +21,7 @@ from .._validation import (
     check_token_mask,
     values_checkable,
 )
-from .kv_cache import KVCache
+from .kv_cache import CrossKVCache, KVCache
 from .masks import combine_masks
 
 __all__ = [
@@ -29,8 +29,11 @@ __all__ = [
     "check_cache",
     "check_caches",
     "check_block_call",
+    "check_cross_cache",
+    "check_cross_caches",
     "check_feed_forward_call",
     "check_multi_head_call",
+    "check_on_device",
     "check_positions_call",
 ]
 
@@ -44,6 +47,17 @@ def check_attention_function(fn: object) -> Any:
     return fn
 
 
+def check_on_device(tensor: Tensor, name: str, device: torch.device, owner: str) -> None:
+    """``tensor`` must be on ``device``, where ``owner`` (``"the layer"``, ``"the model"``) is.
+
+    Otherwise the first operation that mixes the two (a matmul, an index) fails deep
+    inside torch with "Tensor on device cpu is not on the expected device meta".
+    """
+    if tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device} but {owner} is on {device}; move one "
+                         f"of them, e.g. {name}.to({str(device)!r})")
+
+
 def check_multi_head_call(layer: Any, query: object, key: object, value: object,
                           attention_mask: object, mask: object, is_causal: object,
                           need_weights: object, cache: object, bias: object,
@@ -52,14 +66,21 @@ def check_multi_head_call(layer: Any, query: object, key: object, value: object,
     moved to the queries' device."""
     dtype = layer.q_proj.weight.dtype
     query = check_sequence(query, "query", width=layer.d_model, dtype=dtype)
+    check_on_device(query, "query", layer.q_proj.weight.device, "the layer")
     if (key is None) != (value is None):
         raise ValueError("pass both key and value (cross-attention) or neither "
                          "(self-attention)")
-    if key is not None and cache is not None:
-        raise ValueError("cache is for self-attention; pass key=value=None with it")
+    if key is None and isinstance(cache, CrossKVCache):
+        raise ValueError("cache is a CrossKVCache, the memory's keys for cross-attention: pass "
+                         "the memory as key and value with it (self-attention takes a KVCache)")
+    if key is not None and isinstance(cache, KVCache):
+        raise ValueError("cache is a KVCache, which grows with self-attention: pass "
+                         "key=value=None with it (cross-attention takes a CrossKVCache)")
     batch, t_q = query.shape[0], query.shape[1]
+    t_new = t_q  # the keys this call brings: the queries' own, or the memory's
     if key is not None:
         key = check_sequence(key, "key", width=layer.d_model, batch=batch, dtype=dtype)
+        t_new = key.shape[1]
         value = check_sequence(value, "value", width=layer.d_model, batch=batch, dtype=dtype)
         if key.shape[1] != value.shape[1]:
             raise ValueError(f"key and value must have the same length T_k, got "
@@ -70,10 +91,13 @@ def check_multi_head_call(layer: Any, query: object, key: object, value: object,
     check_bool(need_weights, "need_weights")
     check_bool(is_causal, "is_causal")
     past = 0
-    if cache is not None:
-        past = check_cache(cache, "cache", batch=batch, heads=layer.n_kv_heads,
-                           head_dim=layer.head_dim, dtype=dtype, device=query.device).length
-    t_k = (t_q if key is None else key.shape[1]) + past
+    fits = {"batch": batch, "heads": layer.n_kv_heads, "head_dim": layer.head_dim,
+            "dtype": dtype, "device": query.device}
+    if cache is not None and key is None:
+        past = check_cache(cache, "cache", **fits).length
+    elif cache is not None:
+        check_cross_cache(cache, "cache", memory_length=t_new, **fits)
+    t_k = t_new + past
     for name, value in (("mask", mask), ("attention_mask", attention_mask)):
         if value is not None and not isinstance(value, Tensor):
             raise TypeError(f"{name} must be a boolean torch.Tensor or None, got "
@@ -96,6 +120,7 @@ def check_feed_forward_call(layer: Any, x: object) -> None:
     """Check a standalone ``FeedForward`` call: a tensor ``(..., D)`` in the layer's dtype."""
     x = check_tensor(x, "x", min_ndim=1)
     weight = layer.linear1.weight
+    check_on_device(x, "x", weight.device, "the layer")
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x must have width d_model={weight.shape[1]}, "
                          f"got shape {tuple(x.shape)}")
@@ -109,6 +134,7 @@ def check_feed_forward_call(layer: Any, x: object) -> None:
 def check_positions_call(layer: Any, x: object, positions: object) -> None:
     """Check a standalone ``PositionalEncoding`` call: ``x (B, T, D)``, positions in the table."""
     x = check_tensor(x, "x", ndim=3)
+    check_on_device(x, "x", layer.table.device, "the layer")
     context_length, d_model = layer.table.shape
     if x.shape[-1] != d_model:
         raise ValueError(f"x must have width d_model={d_model}, got shape {tuple(x.shape)}")
@@ -130,19 +156,23 @@ def check_positions_call(layer: Any, x: object, positions: object) -> None:
 
 def check_block_call(block: Any, x: object, attention_mask: object, mask: object,
                      is_causal: object, memory: object, memory_attention_mask: object,
-                     cache: object) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+                     cache: object, cross_cache: object, need_weights: object,
+                     ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Check a standalone ``TransformerBlock`` call; return ``(attention_mask, mask,
     memory_attention_mask)`` on ``x``'s device."""
     # Check here, not deep inside: a wrong width would otherwise surface as a
     # LayerNorm shape error, and memory's errors would be reported as "key".
     d_model, dtype = block.self_attn.d_model, block.norm1.weight.dtype
     x = check_sequence(x, "x", width=d_model, dtype=dtype)
+    check_on_device(x, "x", block.norm1.weight.device, "the layer")
     if (memory is None) != (block.cross_attn is None):
         raise ValueError("memory must be given exactly when the block was built with "
                          f"cross_attention=True (this block has cross_attention="
                          f"{block.cross_attn is not None})")
     if memory is None and memory_attention_mask is not None:
         raise ValueError("memory_attention_mask was given without memory")
+    if memory is None and cross_cache is not None:
+        raise ValueError("cross_cache was given without memory (it caches the memory's keys)")
     if memory is not None:
         memory = check_sequence(memory, "memory", width=d_model, batch=x.shape[0])
         if memory.dtype != x.dtype:
@@ -152,8 +182,13 @@ def check_block_call(block: Any, x: object, attention_mask: object, mask: object
         if memory_attention_mask is not None:
             memory_attention_mask = check_token_mask(
                 memory_attention_mask, "memory_attention_mask", memory.shape[:2]).to(x.device)
+        if cross_cache is not None:
+            attn = block.cross_attn
+            check_cross_cache(cross_cache, "cross_cache", batch=x.shape[0],
+                              heads=attn.n_kv_heads, head_dim=attn.head_dim,
+                              memory_length=memory.shape[1], dtype=dtype, device=x.device)
     attention_mask, mask = check_multi_head_call(block.self_attn, x, None, None, attention_mask,
-                                                 mask, is_causal, False, cache, None)
+                                                 mask, is_causal, need_weights, cache, None)
     return attention_mask, mask, memory_attention_mask  # type: ignore[return-value]
 
 
@@ -167,9 +202,39 @@ def check_cache(cache: object, name: str, *, batch: int, heads: int, head_dim: i
     """
     if not isinstance(cache, KVCache):
         raise TypeError(f"{name} must be a KVCache, got {type(cache).__name__}")
+    if cache.k is not None:
+        _check_held_keys(cache.k, name, batch=batch, heads=heads, head_dim=head_dim,
+                         dtype=dtype, device=device)
+    return cache
+
+
+def check_cross_cache(cache: object, name: str, *, batch: int, heads: int, head_dim: int,
+                      memory_length: int, dtype: torch.dtype, device: torch.device,
+                      ) -> CrossKVCache:
+    """Check that ``cache`` is a :class:`CrossKVCache` for this memory ``(B, T_s, D)`` (Chapter 8).
+
+    Empty, or holding keys ``(B, H, T_s, head_dim)`` of the layer's dtype and device:
+    once filled, the layer reads them instead of projecting the memory, so keys of
+    another source length would attend over the wrong positions. (That they are the
+    keys of *this* memory cannot be checked without reading values: ``reset()`` the
+    cache for a new source batch.)
+    """
+    if not isinstance(cache, CrossKVCache):
+        raise TypeError(f"{name} must be a CrossKVCache (the static cross-attention cache), got "
+                        f"{type(cache).__name__}")
     if cache.k is None:
         return cache
-    held = cache.k
+    _check_held_keys(cache.k, name, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
+                     device=device)
+    if cache.length != memory_length:
+        raise ValueError(f"{name} holds the keys of T_s={cache.length} memory positions but the "
+                         f"memory has {memory_length}; reset() it for a new source batch")
+    return cache
+
+
+def _check_held_keys(held: Tensor, name: str, *, batch: int, heads: int, head_dim: int,
+                     dtype: torch.dtype, device: torch.device) -> None:
+    """The keys ``(B, H, T, head_dim)`` a cache holds fit the layer's new ones."""
     if held.dtype != dtype:
         raise TypeError(f"{name} holds {held.dtype} keys but the layer makes {dtype} keys; keep "
                         "one dtype for a whole decoding run (reset() the cache after converting "
@@ -183,7 +248,6 @@ def check_cache(cache: object, name: str, *, batch: int, heads: int, head_dim: i
                          f"{held.shape[3]}) but the new keys have ({batch}, {heads}, "
                          f"{head_dim}); use one cache per layer and per batch (reset() it "
                          "between batches)")
-    return cache
 
 
 def check_caches(caches: object, n_layers: int, **fits: object) -> int:
@@ -193,16 +257,34 @@ def check_caches(caches: object, n_layers: int, **fits: object) -> int:
     hold the same length, each fitting the new keys (``fits``: the keyword arguments
     of :func:`check_cache`, without ``name``).
     """
+    return _check_per_layer(caches, "caches", n_layers, check_cache, "KVCache", "new_caches()",
+                            fits)
+
+
+def check_cross_caches(cross_caches: object, n_layers: int, **fits: object) -> int:
+    """Check one :class:`CrossKVCache` per layer; return the ``T_s`` they hold (Chapter 8).
+
+    A decoder's door calls it once per forward: ``n_layers`` caches (from
+    ``new_cross_caches()``), all empty (the first step fills them) or all holding the
+    memory's keys (``fits``: the keyword arguments of :func:`check_cross_cache`).
+    """
+    return _check_per_layer(cross_caches, "cross_caches", n_layers, check_cross_cache,
+                            "CrossKVCache", "new_cross_caches()", fits)
+
+
+def _check_per_layer(caches: object, name: str, n_layers: int, check_one: Any, kind: str,
+                     maker: str, fits: dict[str, object]) -> int:
+    """A list of ``n_layers`` caches of one kind, each checked, all of one length."""
     if not isinstance(caches, list | tuple):
-        raise TypeError(f"caches must be a list of {n_layers} KVCache (one per layer, see "
-                        f"new_caches()), got {type(caches).__name__}")
+        raise TypeError(f"{name} must be a list of {n_layers} {kind} (one per layer, see "
+                        f"{maker}), got {type(caches).__name__}")
     if len(caches) != n_layers:
-        raise ValueError(f"caches must be a list of {n_layers} KVCache (one per layer, see "
-                         f"new_caches()), got {len(caches)}")
+        raise ValueError(f"{name} must be a list of {n_layers} {kind} (one per layer, see "
+                         f"{maker}), got {len(caches)}")
     for i, cache in enumerate(caches):
-        check_cache(cache, f"caches[{i}]", **fits)  # type: ignore[arg-type]
+        check_one(cache, f"{name}[{i}]", **fits)
     lengths = {cache.length for cache in caches}
     if len(lengths) != 1:
-        raise ValueError(f"the caches of the layers hold different lengths {sorted(lengths)}; "
-                         "create them together with new_caches()")
+        raise ValueError(f"the {name} of the layers hold different lengths {sorted(lengths)}; "
+                         f"create them together with {maker}")
     return lengths.pop()

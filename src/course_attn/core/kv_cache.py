@@ -2,13 +2,17 @@
 
 Decoding one token at a time, an attention layer projects only the new token
 and appends its key and value to a :class:`KVCache`; the new query then attends
-to every cached key. Chapter 10 has three more kinds of decoding memory
-(``RollingKVCache``, ``LatentKVCache``, ``LinearAttentionState``); all four follow
-the :class:`Cache` protocol, which is what generation needs of them.
+to every cached key. A decoder's cross-attention reads the encoder output, which
+does not change while the decoder writes: its keys and values are projected once,
+at the first step, into a :class:`CrossKVCache` (the static cross-attention cache)
+and reused as they are at every later step. Chapter 10 has three more kinds of
+decoding memory (``RollingKVCache``, ``LatentKVCache``, ``LinearAttentionState``);
+all five follow the :class:`Cache` protocol, which is what generation needs of them.
 
-``KVCache.update`` runs inside a model at every step, so it checks nothing: the
-model's door and a standalone layer's door check that a cache fits, once, before
-any work is done (``check_caches`` and ``check_cache`` in ``course_attn.core.checks``).
+``update`` runs inside a model at every step, so it checks nothing: the model's
+door and a standalone layer's door check that a cache fits, once, before any work
+is done (``check_caches``, ``check_cache`` and their cross-attention twins in
+``course_attn.core.checks``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from torch import Tensor
 
 from .._validation import check_positive_int
 
-__all__ = ["Cache", "KVCache", "new_caches"]
+__all__ = ["Cache", "CrossKVCache", "KVCache", "new_caches"]
 
 
 @runtime_checkable
@@ -28,9 +32,11 @@ class Cache(Protocol):
     """What generation needs of a layer's decoding memory (Chapters 8 and 10).
 
     ``length`` is the number of positions it has seen, which is where the next
-    token's position starts; ``reset()`` forgets them all. Each kind adds its own
-    ``update``: keys and values for :class:`KVCache` and ``RollingKVCache``, latents
-    for ``LatentKVCache``; ``LinearAttentionState`` is updated by the recurrence.
+    token's position starts (a :class:`CrossKVCache` sees the encoder output's
+    ``T_s`` positions, all at the first step); ``reset()`` forgets them all. Each
+    kind adds its own ``update``: keys and values for :class:`KVCache`,
+    :class:`CrossKVCache` and ``RollingKVCache``, latents for ``LatentKVCache``;
+    ``LinearAttentionState`` is updated by the recurrence.
     """
 
     @property
@@ -78,6 +84,40 @@ class KVCache:
         if self.k is not None and self.v is not None:
             k = torch.cat([self.k, k], dim=2)  # (B, H, T_cache + T_new, head_dim)
             v = torch.cat([self.v, v], dim=2)  # (B, H, T_cache + T_new, head_dim)
+        self.k, self.v = k, v
+        return k, v
+
+
+class CrossKVCache:
+    """The static cross-attention cache: the encoder output's keys and values (Chapter 8).
+
+    One per cross-attention layer of a decoder. The memory (the encoder output
+    ``(B, T_s, D)``) is the same at every decoding step, and so are its keys and values;
+    the first step projects them (``k_proj``, ``v_proj``) and :meth:`update` keeps them,
+    every later step reuses them without projecting anything, as production
+    encoder-decoders do. ``k`` and ``v`` are ``(B, H, T_s, head_dim)``, ``None`` while
+    empty. A cache belongs to one source batch: ``reset()`` it before another.
+    """
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Number of memory positions held, ``T_s`` (0 before the first step)."""
+        return 0 if self.k is None else self.k.shape[2]
+
+    def reset(self) -> None:
+        """Forget the memory's keys and values (a new source batch)."""
+        self.k = self.v = None
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keep the memory's ``k, v (B, H, T_s, head_dim)``, projected at the first step.
+
+        Called only while the cache is empty (the layer reads ``k`` and ``v`` after
+        that, without projecting); checks nothing, like :meth:`KVCache.update`.
+        """
         self.k, self.v = k, v
         return k, v
 

@@ -40,7 +40,7 @@ from .checks import (
     check_multi_head_call,
     check_positions_call,
 )
-from .kv_cache import KVCache
+from .kv_cache import CrossKVCache, KVCache
 from .masks import scores_mask
 from .triton_attention import MAX_TRITON_HEAD_SIZE
 
@@ -130,7 +130,7 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
-        cache: KVCache | None = None,
+        cache: KVCache | CrossKVCache | None = None,
         rotate: Callable[[Tensor], Tensor] | None = None,
         bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
@@ -140,11 +140,14 @@ class MultiHeadAttention(nn.Module):
         is ``True`` on real keys (``False`` on padding); ``mask`` is bool
         ``(T_q, T_k)`` or ``(B, T_q, T_k)``, ``True`` = may attend (inside a model: any
         mask broadcastable to ``(B, H, T_q, T_k)``, already on ``query``'s device);
-        ``is_causal`` adds ``causal_mask(T_q, T_k)``. With a ``cache`` (self-attention
-        only) the new keys and values are appended to it and ``T_k`` counts every
-        cached position, so ``attention_mask`` must cover them all. ``rotate`` turns
-        the queries and keys ``(B, H, T, head_dim)`` by their positions before the keys
-        are cached (RoPE, Chapter 10); ``bias`` is added to every head's scores (ALiBi).
+        ``is_causal`` adds ``causal_mask(T_q, T_k)``. With a :class:`KVCache`
+        (self-attention) the new keys and values are appended to it and ``T_k`` counts
+        every cached position, so ``attention_mask`` must cover them all. With a
+        :class:`CrossKVCache` (cross-attention: ``key`` is the encoder output) the
+        first call projects ``key`` and ``value`` into it and every later call reuses
+        them without projecting (the static cross-attention cache). ``rotate`` turns the
+        queries and keys ``(B, H, T, head_dim)`` by their positions before the keys are
+        cached (RoPE, Chapter 10); ``bias`` is added to every head's scores (ALiBi).
 
         Returns ``(out (B, T_q, D), attn_weights)``, like ``nn.MultiheadAttention``:
         ``attn_weights (B, H, T_q, T_k)`` when ``need_weights=True`` (which uses the
@@ -158,14 +161,19 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         (batch, t_q, _), t_k, hd = query.shape, key.shape[1], self.head_dim
-        q = self.q_proj(query).view(batch, t_q, self.n_heads, hd)  # (B, T_q, H, hd)
-        k = self.k_proj(key).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
-        v = self.v_proj(value).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H(_kv), T, hd)
-        if rotate is not None:  # RoPE: a key is turned by its own position, once, then cached
-            q, k = rotate(q), rotate(k)
-        if cache is not None:
-            k, v = cache.update(k, v)  # (B, H_kv, T_cache + T_k, hd)
+        q = self.q_proj(query).view(batch, t_q, self.n_heads, hd).transpose(1, 2)  # (B, H, T_q, hd)
+        if rotate is not None:  # RoPE: a query is turned by its position
+            q = rotate(q)
+        if isinstance(cache, CrossKVCache) and cache.k is not None and cache.v is not None:
+            k, v = cache.k, cache.v  # (B, H_kv, T_k, hd): the memory's, projected at step one
+        else:
+            k = self.k_proj(key).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
+            v = self.v_proj(value).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, H_kv, T_k, hd)
+            if rotate is not None:  # RoPE: a key is turned by its own position, once, then cached
+                k = rotate(k)
+            if cache is not None:  # a KVCache appends them; a CrossKVCache keeps the memory's
+                k, v = cache.update(k, v)  # (B, H_kv, T_cache + T_k, hd)
         if self.n_kv_heads != self.n_heads:  # GQA: each key/value head serves a group of queries
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T_k, hd)
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T_k, hd)
@@ -316,36 +324,41 @@ class TransformerBlock(nn.Module):
     def forward(self, x: Tensor, *, attention_mask: Tensor | None = None,
                 mask: Tensor | None = None, is_causal: bool = False,
                 memory: Tensor | None = None, memory_attention_mask: Tensor | None = None,
-                cache: KVCache | None = None, need_weights: bool = False,
-                rotate: Callable[[Tensor], Tensor] | None = None,
+                cache: KVCache | None = None, cross_cache: CrossKVCache | None = None,
+                need_weights: bool = False, rotate: Callable[[Tensor], Tensor] | None = None,
                 bias: Tensor | None = None) -> Tensor:
         """``x (B, T, D)`` -> ``(B, T, D)``; ``memory (B, T_m, D)`` is the encoder output.
 
         ``attention_mask (B, T_cache + T)`` is ``True`` on real tokens and ``mask``
         ``(T, T_k)`` or ``(B, T, T_k)`` is ``True`` where a query may attend, as in
         :class:`MultiHeadAttention`; ``memory_attention_mask (B, T_m)`` is ``True``
-        on real memory positions. ``need_weights``, ``rotate`` and ``bias`` go to the
-        self-attention (a forward hook on ``self_attn`` sees its weights).
+        on real memory positions. ``cache`` is the self-attention's :class:`KVCache`,
+        ``cross_cache`` the cross-attention's :class:`CrossKVCache` (the memory's keys
+        and values, projected at the first decoding step only). ``need_weights`` goes to
+        both attention layers (a forward hook on ``self_attn`` or ``cross_attn`` sees
+        their weights); ``rotate`` and ``bias`` go to the self-attention.
         """
         if self.check_inputs:
             attention_mask, mask, memory_attention_mask = check_block_call(
-                self, x, attention_mask, mask, is_causal, memory, memory_attention_mask, cache)
+                self, x, attention_mask, mask, is_causal, memory, memory_attention_mask, cache,
+                cross_cache, need_weights)
         self_attention = {"attention_mask": attention_mask, "mask": mask, "is_causal": is_causal,
                           "cache": cache, "need_weights": need_weights, "rotate": rotate,
                           "bias": bias}
         memory_mask = (None if memory_attention_mask is None
                        else memory_attention_mask[:, None, None, :])  # (B, T_m) -> (B, 1, 1, T_m)
+        cross_attention = {"mask": memory_mask, "cache": cross_cache, "need_weights": need_weights}
         if self.norm_first:  # pre-norm: the residual stream itself is never normalised
             x = x + self.dropout(self.self_attn(self.norm1(x), **self_attention)[0])
             if self.cross_attn is not None and self.norm3 is not None:
                 h = self.norm3(x)
-                x = x + self.dropout(self.cross_attn(h, memory, memory, mask=memory_mask)[0])
+                x = x + self.dropout(self.cross_attn(h, memory, memory, **cross_attention)[0])
             return x + self.dropout(self.ff(self.norm2(x)))
         # post-norm: each sublayer's sum is normalised, and the next sublayer reads it
         x = self.norm1(x + self.dropout(self.self_attn(x, **self_attention)[0]))
         if self.cross_attn is not None and self.norm3 is not None:
             x = self.norm3(x + self.dropout(self.cross_attn(x, memory, memory,
-                                                            mask=memory_mask)[0]))
+                                                            **cross_attention)[0]))
         return self.norm2(x + self.dropout(self.ff(x)))
 
 

@@ -1,5 +1,7 @@
-"""Chapter 11: scores that say what an attention head does.
+"""Chapters 8 and 11: the attention weights of a model, and scores that say what a head does.
 
+:func:`attention_maps` (a decoder-only model) and :func:`cross_attention_maps` (an
+encoder-decoder's cross-attention) read every layer's weights with forward hooks.
 Given a head's weights, :func:`offset_attention_score` measures how much a
 query looks a fixed number of positions back (a previous-token head, or the
 copying pattern on :class:`~course_attn.data.tasks.CopyTask`), and
@@ -12,7 +14,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["attention_maps", "induction_attention_score", "offset_attention_score"]
+from ..models.encoder_decoder import EncoderDecoder
+
+__all__ = ["attention_maps", "cross_attention_maps", "induction_attention_score",
+           "offset_attention_score"]
 
 
 @torch.no_grad()
@@ -41,6 +46,43 @@ def attention_maps(model: nn.Module, idx: Tensor, *,
         for hook in hooks:
             hook.remove()
     return torch.stack(maps)  # (L, B, H, T, T)
+
+
+@torch.no_grad()
+def cross_attention_maps(model: EncoderDecoder, src: Tensor, tgt: Tensor, *,
+                         src_attention_mask: Tensor | None = None,
+                         tgt_attention_mask: Tensor | None = None,
+                         memory_attention_mask: Tensor | None = None) -> Tensor:
+    """Cross-attention weights of every decoder layer, ``(L, B, H, T_t, T_s)`` (Chapter 8).
+
+    A forward hook on each decoder block's ``cross_attn`` catches the weights it
+    returns during one forward (eval mode, ``need_weights=True``) of ``src (B, T_s)``
+    and the decoder input ``tgt (B, T_t)``. Hooking the attention layer itself makes
+    this right whatever the block feeds it: a pre-norm block hands it ``norm3(x)``, a
+    post-norm block ``norm1``'s output (``norm3`` then normalises what comes *out*).
+    ``memory_attention_mask (B, T_s)`` is the mask the cross-attention uses, by default
+    ``src_attention_mask`` (the encoder's); section 8.6 passes another one to see what
+    a wrong mask does while the encoder keeps the right one. The encoder's and the
+    decoder's doors check the arguments.
+    """
+    if not isinstance(model, EncoderDecoder):
+        raise TypeError(f"model must be an EncoderDecoder, got {type(model).__name__}")
+    if memory_attention_mask is None:
+        memory_attention_mask = src_attention_mask
+    maps: list[Tensor] = []
+    layers = [block.get_submodule("cross_attn") for block in model.decoder.blocks]
+    hooks = [layer.register_forward_hook(lambda _, args, out: maps.append(out[1]))
+             for layer in layers]
+    was_training = model.training
+    try:
+        memory = model.eval().encoder(src, src_attention_mask)  # (B, T_s, D)
+        model.decoder(tgt, memory, tgt_attention_mask=tgt_attention_mask,
+                      memory_attention_mask=memory_attention_mask, need_weights=True)
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return torch.stack(maps)  # (L, B, H, T_t, T_s)
 
 
 def _check_weights(attn_weights: object, min_ndim: int, shape: str) -> None:

@@ -2,12 +2,15 @@
 
 :func:`block_gradient_norms` compares pre-norm and post-norm stacks at
 initialisation; :func:`decode_step_seconds` times one decoding step with and
-without the KV cache. They measure the models; they are not part of them.
+without the KV cache, and :func:`cross_cache_step_ms` times a cached step against
+the source length, with and without the static cross-attention cache. They
+measure the models; they are not part of them.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -17,7 +20,7 @@ from .._validation import check_bool, check_nonnegative_int, check_positive_int
 from ..core.layers import TransformerBlock
 from ..models.encoder_decoder import EncoderDecoder
 
-__all__ = ["block_gradient_norms", "decode_step_seconds"]
+__all__ = ["block_gradient_norms", "cross_cache_step_ms", "decode_step_seconds"]
 
 
 def block_gradient_norms(n_layers: int, *, norm_first: bool, d_model: int = 64, n_heads: int = 4,
@@ -66,21 +69,25 @@ def _grad_norm(block: nn.Module) -> Tensor:
 
 def decode_step_seconds(model: EncoderDecoder, prefix_len: int, *, use_cache: bool,
                         batch_size: int = 1, src_len: int = 16, repeats: int = 5,
-                        seed: int = 0) -> float:
+                        seed: int = 0, cross_cache: bool = True) -> float:
     """Wall-clock seconds to get the next token's logits after ``prefix_len`` tokens (Chapter 8).
 
     With ``use_cache`` the prefix is run once (not timed) to fill the caches,
     and each timed step feeds one token ``(B, 1)`` against ``prefix_len`` cached
-    keys. Without it each timed step re-runs the decoder on all
-    ``prefix_len + 1`` tokens, which is what decoding costs without a cache.
-    The encoder output is computed once, outside the timing, in both cases.
-    Returns the fastest of ``repeats`` timed runs (after one warm-up run): the
-    minimum is the run least disturbed by other work on the machine.
+    keys; with ``cross_cache`` too (the default, as ``greedy_decode`` decodes) the
+    memory's keys and values come from the static cross-attention cache filled then,
+    while ``cross_cache=False`` projects the whole memory again in every layer at
+    every step (the decoder before it had that cache). Without ``use_cache`` each
+    timed step re-runs the decoder on all ``prefix_len + 1`` tokens, which is what
+    decoding costs without a cache. The encoder output is computed once, outside the
+    timing, in every case. Returns the fastest of ``repeats`` timed runs (after one
+    warm-up run): the minimum is the run least disturbed by other work on the machine.
     """
     if not isinstance(model, EncoderDecoder):
         raise TypeError(f"model must be an EncoderDecoder, got {type(model).__name__}")
     prefix_len = check_positive_int(prefix_len, "prefix_len")
     check_bool(use_cache, "use_cache")
+    check_bool(cross_cache, "cross_cache")
     for name, value in (("batch_size", batch_size), ("src_len", src_len), ("repeats", repeats)):
         check_positive_int(value, name)
     check_nonnegative_int(seed, "seed", upper=2**64 - 1)
@@ -95,15 +102,18 @@ def decode_step_seconds(model: EncoderDecoder, prefix_len: int, *, use_cache: bo
     timings = []
     with torch.no_grad():
         memory = model.encoder(src)  # (B, T_s, D)
+        cross_caches = model.new_cross_caches() if use_cache and cross_cache else None
         if use_cache:
             filled = model.new_caches()
-            model.decoder(tgt[:, :-1], memory, caches=filled)  # fill: (B, prefix_len)
+            model.decoder(tgt[:, :-1], memory, caches=filled,
+                          cross_caches=cross_caches)  # fill: (B, prefix_len), and the memory's
         for _ in range(repeats + 1):  # the first run warms up and is dropped
             if use_cache:
                 caches = [cache.fork() for cache in filled]  # each step from the same prefix
                 _sync(device)
                 start = time.perf_counter()
-                model.decoder(tgt[:, -1:], memory, caches=caches)  # (B, 1, N_vocab_tgt)
+                model.decoder(tgt[:, -1:], memory, caches=caches,
+                              cross_caches=cross_caches)  # (B, 1, N_vocab_tgt)
             else:
                 _sync(device)
                 start = time.perf_counter()
@@ -111,6 +121,41 @@ def decode_step_seconds(model: EncoderDecoder, prefix_len: int, *, use_cache: bo
             _sync(device)
             timings.append(time.perf_counter() - start)
     return min(timings[1:])
+
+
+def cross_cache_step_ms(model: EncoderDecoder, src_lengths: Sequence[int], *,
+                        prefix_len: int = 16, repeats: int = 9,
+                        seed: int = 0) -> dict[str, list[float]]:
+    """Milliseconds of one cached decoding step against the source length ``T_s`` (Chapter 8).
+
+    For each ``T_s`` in ``src_lengths`` one step after ``prefix_len`` cached target
+    tokens is timed twice with :func:`decode_step_seconds`: with the static
+    cross-attention cache (the memory's keys and values read from the cache) and
+    without it (``k_proj`` and ``v_proj`` run over all ``T_s`` memory positions in
+    every decoder layer). The two are timed one after the other at each length, so
+    that a change in the machine's load affects both alike. Returns
+    ``{"static cross-attention cache": [ms per length], "memory projected at every
+    step": [ms per length]}``, ready for ``viz.plot_curves(src_lengths, ...)``. Timings
+    vary from machine to machine and run to run: compare the two curves of one run.
+    """
+    if not isinstance(model, EncoderDecoder):
+        raise TypeError(f"model must be an EncoderDecoder, got {type(model).__name__}")
+    if not isinstance(src_lengths, Sequence) or isinstance(src_lengths, str) or \
+            not src_lengths:
+        raise TypeError(f"src_lengths must be a non-empty sequence of source lengths, got "
+                        f"{src_lengths!r}")
+    lengths = [check_positive_int(n, "src_lengths") for n in src_lengths]
+    if max(lengths) > model.config.context_length:
+        raise ValueError(f"src_lengths must not exceed context_length="
+                         f"{model.config.context_length}, got {max(lengths)}")
+    labels = {"static cross-attention cache": True, "memory projected at every step": False}
+    curves: dict[str, list[float]] = {label: [] for label in labels}
+    for src_len in lengths:
+        for label, cross_cache in labels.items():
+            seconds = decode_step_seconds(model, prefix_len, use_cache=True, src_len=src_len,
+                                          repeats=repeats, seed=seed, cross_cache=cross_cache)
+            curves[label].append(1e3 * seconds)
+    return curves
 
 
 def _sync(device: torch.device) -> None:

@@ -24,7 +24,7 @@ from .._validation import (
     check_token_ids,
     check_token_mask,
 )
-from ..core.checks import check_caches
+from ..core.checks import check_caches, check_cross_caches, check_on_device
 
 __all__ = [
     "check_decoder_call",
@@ -37,10 +37,7 @@ __all__ = [
 
 def check_on_model_device(model: nn.Module, ids: Tensor, name: str) -> None:
     """Token ids must be where the model's weights are (an embedding would fail inside)."""
-    weights = next(model.parameters())
-    if ids.device != weights.device:
-        raise ValueError(f"{name} is on {ids.device} but the model is on {weights.device}; move "
-                         f"one of them, e.g. {name}.to({str(weights.device)!r})")
+    check_on_device(ids, name, next(model.parameters()).device, "the model")
 
 
 def _key_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
@@ -115,8 +112,8 @@ def check_encoder_call(encoder: Any, src: object, src_attention_mask: object) ->
 
 
 def check_decoder_call(decoder: Any, tgt: object, memory: object, tgt_attention_mask: object,
-                       memory_attention_mask: object, caches: object,
-                       ) -> tuple[Tensor | None, Tensor | None]:
+                       memory_attention_mask: object, caches: object, cross_caches: object,
+                       need_weights: object) -> tuple[Tensor | None, Tensor | None]:
     """Check ``Decoder.forward``'s arguments; return both masks on ``tgt``'s device."""
     c = decoder.config
     tgt = check_token_ids(tgt, "tgt", c.tgt_vocab_size)
@@ -127,11 +124,15 @@ def check_decoder_call(decoder: Any, tgt: object, memory: object, tgt_attention_
         raise ValueError(f"memory is on {memory.device} but tgt is on {tgt.device}")
     memory_mask = _check_mask(memory_attention_mask, "memory_attention_mask",
                               tuple(memory.shape[:2]), tgt.device)
+    check_bool(need_weights, "need_weights")
     past = 0
+    fits = {"batch": tgt.shape[0], "heads": c.n_heads, "head_dim": c.d_model // c.n_heads,
+            "dtype": _key_dtype(decoder, tgt.device), "device": tgt.device}
     if caches is not None:
-        past = check_caches(caches, len(decoder.blocks), batch=tgt.shape[0], heads=c.n_heads,
-                            head_dim=c.d_model // c.n_heads,
-                            dtype=_key_dtype(decoder, tgt.device), device=tgt.device)
+        past = check_caches(caches, len(decoder.blocks), **fits)
+    if cross_caches is not None:
+        check_cross_caches(cross_caches, len(decoder.blocks), memory_length=memory.shape[1],
+                           **fits)
     if past + tgt.shape[1] > c.context_length:
         raise ValueError(f"the target would reach {past + tgt.shape[1]} positions, more than "
                          f"context_length={c.context_length}")

@@ -7,8 +7,10 @@ output) and :class:`EncoderDecoder`, which joins them. Positions count from each
 row's first real token (as :func:`~course_attn.core.masks.positions_from_attention_mask`
 counts them), so left-padded and right-padded batches give the same per-sequence
 results, and the decoder can take one token at a time with a
-:class:`~course_attn.core.kv_cache.KVCache` per layer. Each model checks its
-arguments at its door (``course_attn.models.checks``); the parts inside trust it.
+:class:`~course_attn.core.kv_cache.KVCache` per layer for its self-attention and a
+:class:`~course_attn.core.kv_cache.CrossKVCache` per layer for its cross-attention (the
+encoder output's keys and values, projected once). Each model checks its arguments at
+its door (``course_attn.models.checks``); the parts inside trust it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from .._validation import (
     trust_children,
     trusting,
 )
-from ..core.kv_cache import KVCache, new_caches
+from ..core.kv_cache import CrossKVCache, KVCache, new_caches
 from ..core.layers import PositionalEncoding, TransformerBlock, TransformerBlocks
 from ..core.masks import causal_mask
 from .checks import check_decoder_call, check_encoder_call, check_on_model_device
@@ -127,6 +129,9 @@ class Decoder(nn.Module):
     ``memory`` (the encoder output) and the feed-forward network. With
     ``caches`` (one :class:`KVCache` per layer, from :meth:`new_caches`) ``tgt``
     holds only the *new* tokens, and their positions continue after the cached ones.
+    With ``cross_caches`` (one :class:`CrossKVCache` per layer, from
+    :meth:`new_cross_caches`) the memory's keys and values are projected at the first
+    step only; without them every call projects the whole memory again in every layer.
     """
 
     check_inputs = True  # see MultiHeadAttention: a parent that checks turns it off
@@ -147,9 +152,15 @@ class Decoder(nn.Module):
         """One empty self-attention cache per layer (Chapter 8)."""
         return new_caches(len(self.blocks))
 
+    def new_cross_caches(self) -> list[CrossKVCache]:
+        """One empty static cross-attention cache per layer, filled by the first step (Ch. 8)."""
+        return [CrossKVCache() for _ in self.blocks]
+
     def forward(self, tgt: Tensor, memory: Tensor, *, tgt_attention_mask: Tensor | None = None,
                 memory_attention_mask: Tensor | None = None,
-                caches: list[KVCache] | None = None) -> Tensor:
+                caches: list[KVCache] | None = None,
+                cross_caches: list[CrossKVCache] | None = None,
+                need_weights: bool = False) -> Tensor:
         """Logits ``(B, T_new, N_vocab_tgt)`` for the target tokens ``tgt (B, T_new)``.
 
         Args:
@@ -159,10 +170,15 @@ class Decoder(nn.Module):
                 target tokens, covering the cached positions too.
             memory_attention_mask: ``(B, T_s)`` bool, ``True`` on real source tokens.
             caches: one KVCache per layer; the new keys and values are appended.
+            cross_caches: one CrossKVCache per layer; empty, the memory's keys and
+                values are projected into them; filled, they are read instead.
+            need_weights: every attention layer computes its weights, for a forward
+                hook to read (``course_attn.lab.analysis.cross_attention_maps``).
         """
         if self.check_inputs:
             tgt_attention_mask, memory_attention_mask = check_decoder_call(
-                self, tgt, memory, tgt_attention_mask, memory_attention_mask, caches)
+                self, tgt, memory, tgt_attention_mask, memory_attention_mask, caches,
+                cross_caches, need_weights)
         past, time = (0 if caches is None else caches[0].length), tgt.shape[1]
         positions = _positions(tgt_attention_mask, past, time, tgt.device)
         mask = None  # plain causal self-attention: is_causal=True, no mask tensor
@@ -174,7 +190,9 @@ class Decoder(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, mask=mask, is_causal=mask is None, memory=memory,
                       memory_attention_mask=memory_attention_mask,
-                      cache=None if caches is None else caches[i])  # (B, T_new, D)
+                      cache=None if caches is None else caches[i],
+                      cross_cache=None if cross_caches is None else cross_caches[i],
+                      need_weights=need_weights)  # (B, T_new, D)
         return self.lm_head(self.norm(x))  # (B, T_new, D) -> (B, T_new, N_vocab_tgt)
 
 
@@ -197,6 +215,10 @@ class EncoderDecoder(nn.Module):
         """One empty decoder self-attention cache per layer (Chapter 8)."""
         return self.decoder.new_caches()
 
+    def new_cross_caches(self) -> list[CrossKVCache]:
+        """One empty decoder cross-attention cache per layer (Chapter 8)."""
+        return self.decoder.new_cross_caches()
+
     def forward(self, src: Tensor, tgt: Tensor, *, src_attention_mask: Tensor | None = None,
                 tgt_attention_mask: Tensor | None = None) -> Tensor:
         """``src (B, T_s)``, ``tgt (B, T_t)`` token ids -> logits ``(B, T_t, N_vocab_tgt)``."""
@@ -216,8 +238,10 @@ class EncoderDecoder(nn.Module):
         as in :meth:`MiniGPT.generate <course_attn.models.gpt.MiniGPT.generate>`: the new
         tokens are appended on the right, so a right pad would sit between a
         prompt and its continuation. With ``use_cache`` each step feeds only the
-        newest token and reuses the cached keys and values; without it every step
-        recomputes the whole target. Both give the same tokens (the loop is
+        newest token and reuses the cached keys and values: the target's (a
+        :class:`KVCache` per layer) and the memory's, projected at the first step (a
+        :class:`CrossKVCache` per layer); without it every step recomputes the whole
+        target and projects the memory again. Both give the same tokens (the loop is
         :func:`~course_attn.models.decoding.decode`, shared with ``MiniGPT.generate``).
         ``max_new_tokens=0`` returns the prompt. The arguments are checked once,
         before the loop; each step runs the decoder, which trusts its parent.
@@ -230,9 +254,13 @@ class EncoderDecoder(nn.Module):
         mask = self._check_prompt(prompt, memory, prompt_attention_mask, src_attention_mask,
                                   n_new)
 
+        # the memory's keys and values: projected at the first step, read at every later one
+        cross_caches = self.decoder.new_cross_caches() if use_cache else None
+
         def step(tokens: Tensor, mask: Tensor | None, caches: list[KVCache] | None) -> Tensor:
             return self.decoder(tokens, memory, tgt_attention_mask=mask,
-                                memory_attention_mask=src_attention_mask, caches=caches)
+                                memory_attention_mask=src_attention_mask, caches=caches,
+                                cross_caches=cross_caches)
 
         with trusting(self.decoder):
             return decode(step, prompt, mask, n_new, pick_next,

@@ -17,8 +17,12 @@ kind       per token and layer                          reference
            per layer, whatever the length
 ========== ============================================ ==============================
 
-With a sliding ``window`` only the last ``window`` tokens are kept.
-The tests check each formula against the bytes of the package's real caches.
+With a sliding ``window`` only the last ``window`` tokens are kept. An
+encoder-decoder's decoder also keeps the memory's keys and values in its static
+cross-attention cache (Chapter 8): ``memory_length`` (the source length ``T_s``) more
+positions per layer, in the same layout and never windowed, since every step reads
+the whole source. The tests check each formula against the bytes of the package's
+real caches.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ def kv_cache_bytes(
     d_latent: int | None = None,
     d_rope: int = 0,
     window: int | None = None,
+    memory_length: int = 0,
     batch_size: int = 1,
     dtype: torch.dtype = torch.float32,
 ) -> int:
@@ -76,6 +81,9 @@ def kv_cache_bytes(
             decoupled RoPE key width (0 without it).
         window: a sliding window: only ``min(context_length, window)`` tokens are cached
             (not for ``"linear"``, whose state does not grow with ``context_length``).
+        memory_length: the source length ``T_s`` of an encoder-decoder, whose
+            cross-attention caches the memory's keys and values (``"mha"``, ``"gqa"``,
+            ``"mqa"``): with ``"mha"`` the total is ``2 L B (T + T_s) D`` numbers.
         dtype: the cache's dtype (4 bytes for float32, 2 for bfloat16).
     """
     check_choice(kind, "kind", KV_CACHE_KINDS)
@@ -88,6 +96,11 @@ def kv_cache_bytes(
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
     window = _check_kind_options(kind, n_kv_heads, d_latent, d_rope, window)
+    memory_length = check_nonnegative_int(memory_length, "memory_length")
+    if memory_length and kind in ("mla", "linear"):
+        raise ValueError(f"memory_length is the source length of an encoder-decoder's "
+                         f"cross-attention cache, of kind 'mha', 'gqa' or 'mqa'; it must be 0 "
+                         f"for kind={kind!r}, got {memory_length}")
     if kind == "linear":
         # S = sum phi(k) v^T (head_dim x head_dim) and z = sum phi(k) (head_dim), per head
         state = n_heads * (head_dim * head_dim + head_dim)
@@ -102,4 +115,5 @@ def kv_cache_bytes(
         per_token = 2 * head_dim
     else:  # mla
         per_token = check_positive_int(d_latent, "d_latent") + d_rope
+    tokens += memory_length  # the static cross-attention cache: the whole source, per layer
     return batch_size * n_layers * tokens * per_token * dtype.itemsize
