@@ -60,7 +60,7 @@ nbval: $(STAMP)
 	$(BIN)/pytest -p no:cacheprovider --nbval --nbval-current-env --nbval-sanitize-with $(SANITIZE) $(NB)
 
 # nbval under perturbed numerics (tools/perturbed/): every float PyTorch draws at random and
-# every gradient an optimiser uses is multiplied by 1 + u (|u| up to 1e-6 and 1e-4), one
+# every gradient an optimiser uses is multiplied by 1 + u (|u| up to 1e-6 and 1e-3), one
 # thread instead of make notebooks' two, ATen's kernels one level below this CPU's (AVX2 on
 # AVX-512), and no bfloat16 CPU attention kernel, as on an Intel AMX CPU's portable build.
 # A printed figure that round-off can change then fails here, on any machine, not on a

@@ -63,7 +63,7 @@ def test_gradients_are_nudged_before_each_optimiser_step():
         print(float((w.detach() - 0).abs().max()), float(w.detach().abs().min()))
     """, perturbed=True)
     largest, smallest = map(float, out.split())
-    assert 0 < largest <= 1.000001e-4 and smallest >= 0  # |1 - g| = |u| <= 1e-4
+    assert 0 < largest <= 1.000001e-3 and smallest >= 0  # |1 - g| = |u| <= 1e-3
 
 
 def test_bfloat16_attention_on_the_cpu_is_missing_as_on_an_amx_cpu():
