@@ -174,6 +174,7 @@ def test_tuning_times_each_configuration_on_the_real_outputs_and_keeps_them_righ
     tuners = kernels.build_tuners(two, two, two, do_bench=once)
     monkeypatch.setattr(kernels, "tuners", tuners)
     monkeypatch.setattr(kernels, "TUNED_DTYPES", (torch.float32,))
+    monkeypatch.setattr(kernels, "TUNE_MIN_LENGTH", 0)
     q, k, v, grad_out = _qkv((1, 2), 40, 40, 16, 16, seed=17)
     manual = _run("manual", q, k, v, grad_out, is_causal=True)
     for _ in range(2):  # the first call tunes, the second launches the chosen configuration
@@ -187,6 +188,24 @@ def test_tuning_times_each_configuration_on_the_real_outputs_and_keeps_them_righ
         assert len(chosen) == 1
         config = next(iter(chosen.values()))
         assert (config["BLOCK_Q"], config["BLOCK_K"]) in {(16, 32), (32, 16)}
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="tuning runs on a GPU only")
+@pytest.mark.parametrize("backward", module.TRITON_BACKWARDS)
+def test_the_tuned_kernel_in_bfloat16_matches_float32_on_a_gpu(backward):
+    """bf16 from 256 positions on: the tuner's configurations, forward and both backwards
+    (the shape's specialisations are the GPU check's T = 1024, so it compiles them once)."""
+    from course_attn.core import triton_kernels as kernels
+
+    q, k, v, grad_out = _qkv((1, 16), 512, 512, 64, 64, seed=19)
+    full = _run("manual", q, k, v, grad_out, is_causal=True)
+    half = _run("triton-blocks", *(t.bfloat16() for t in (q, k, v, grad_out)), is_causal=True,
+                backward=backward)
+    assert kernels.tuners is not None and kernels.tuners.forward.chosen  # it was tuned
+    for what, want, got in zip(("out", "dq", "dk", "dv"), full, half, strict=True):
+        assert got.dtype == torch.bfloat16
+        assert_close(got.float(), want, rtol=0.05, atol=0.05,
+                     msg=lambda m, w=what: f"{w}: {m}")
 
 
 @needs_triton

@@ -12,9 +12,9 @@ Where it runs:
 * on a CUDA GPU, compiled (float32, float16, bfloat16; float32 products in full IEEE
   precision, not TF32, so that it equals the manual path to round-off; float64 in small
   tiles without the tensor cores, for ``gradcheck``: see :data:`FLOAT64_ON_CUDA`). Half
-  precision without explicit ``block_q``/``block_k`` is tuned: the first call of each head
-  size, length bucket and dtype times a few tile shapes (``triton.autotune``, seconds),
-  later calls launch the fastest;
+  precision without explicit ``block_q``/``block_k``, from 256 positions on, is tuned: the
+  first call of each head size, length bucket and dtype times a few tile shapes
+  (``triton.autotune``, seconds), later calls launch the fastest;
 * on the CPU under Triton's interpreter, which runs each program in NumPy: set
   ``TRITON_INTERPRET=1`` in the environment before ``triton`` is first imported (the
   package imports it only at the first call of this path). Slow, but the same kernel,
@@ -312,7 +312,7 @@ def triton_attention(
         bias: optional float tensor broadcastable to ``(..., T_q, T_k)``, added to the
             scaled scores (ALiBi, say); differentiable.
         block_q, block_k: rows of queries and keys per tile, powers of two >= 16
-            (``None``: tuned on a GPU in half precision, else
+            (``None``: tuned on a GPU in half precision from 256 positions on, else
             :func:`default_triton_blocks`).
         backward: ``"pair"`` (two kernels, no atomics: the same gradients to the bit on
             every run; 7 block products per tile) or ``"atomic"`` (FlashAttention-2's

@@ -45,9 +45,10 @@ in a query block's future are not visited at all.
 Q, K, V, the output and the gradients are read and written through their strides (the
 head dimension contiguous), so a model's ``(B, T, H, d)`` projections, viewed as
 ``(B, H, T, d)``, are never copied. float64 tiles multiply without ``tl.dot`` (see
-:func:`mm`). On a GPU, half-precision calls without explicit tile sizes pick their tiles,
-warps and pipeline stages with ``triton.autotune`` (timed once per head size, length
-bucket and dtype); the interpreter and the other dtypes use one fixed configuration.
+:func:`mm`). On a GPU, half-precision calls of 256 positions or more without explicit tile
+sizes pick their tiles, warps and pipeline stages with ``triton.autotune`` (timed once per
+head size, length bucket and dtype); the interpreter, shorter calls and the other dtypes
+use one fixed configuration.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ import triton.language as tl
 from torch import Tensor
 
 __all__ = ["DK_DV_CONFIGS", "DQ_CONFIGS", "FORWARD_CONFIGS", "INTERPRETING", "TUNED_DTYPES",
+           "TUNE_MIN_LENGTH",
            "Tuned", "Tuners", "backward_delta_kernel", "backward_dk_dv_kernel",
            "backward_dq_kernel", "build_tuners", "dropout_keep", "flash_backward",
            "flash_forward", "forward_kernel", "launches_recorded", "length_bucket", "load_tile",
@@ -478,23 +480,27 @@ def _configs(shapes: tuple[tuple[int, int, int, int], ...]) -> list[Any]:
 
 
 #: The forward's configurations, timed on a GPU for half precision: the Triton fused-attention
-#: tutorial's Hopper set, cut to 8 (tiles of 64 or 128 queries by 32 to 128 keys, 4 warps, or
-#: 8 for the largest tiles, 2 to 4 pipeline stages), with chapter 9's 64 x 64 among them.
-FORWARD_CONFIGS = _configs(((128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 3),
-                            (128, 32, 4, 4), (64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 2)))
+#: tutorial's Hopper set (tiles of 64 or 128 queries by 32 to 128 keys, 2 to 4 pipeline stages,
+#: 8 warps only for 128 x 128 tiles, as its Hopper filter keeps them), cut to 7, with chapter
+#: 9's 64 x 64 (the fastest of five shapes on the H100 record) among them.
+FORWARD_CONFIGS = _configs(((128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 8, 3), (128, 32, 4, 4),
+                            (64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 2)))
 #: The dK/dV kernel's: a program owns BLOCK_K keys and walks BLOCK_Q queries at a time
 #: (the tutorial's backward owns 128 keys and steps 32 queries).
 DK_DV_CONFIGS = _configs(((32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 4),
-                          (32, 128, 8, 4), (128, 64, 8, 2)))
+                          (128, 64, 8, 2)))
 #: The dQ kernel's: a program owns BLOCK_Q queries and walks BLOCK_K keys at a time.
 DQ_CONFIGS = _configs(((128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4),
-                       (128, 32, 8, 4), (64, 128, 8, 2)))
+                       (64, 128, 8, 2)))
 #: What the tuner's choice depends on: head sizes, a length bucket, the masks' kinds (the
 #: tensors' dtypes are part of every autotune key).
 TUNE_KEY = ["D_K", "D_V", "t_bucket", "IS_CAUSAL", "HAS_MASK", "HAS_BIAS", "DROPOUT"]
 #: The dtypes whose calls are tuned on a GPU: float32 multiplies in full IEEE precision
 #: (no tensor cores), float64 without tl.dot; both keep one fixed configuration.
 TUNED_DTYPES = (torch.float16, torch.bfloat16)
+#: Shorter calls (both lengths below it) keep the fixed configuration: their time is mostly
+#: the launch, and a model that decodes token by token would otherwise tune at its first steps.
+TUNE_MIN_LENGTH = 256
 
 
 def length_bucket(t: int) -> int:
@@ -646,7 +652,8 @@ def flash_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Te
     args = (q, k, v, out, lse, *_shared(q, mask, bias, seed, scale), *q.stride()[:3],
             *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
             *_tail(q, k, mask, bias, dropout_p))
-    if tune and tuners is not None and q.dtype in TUNED_DTYPES:
+    if (tune and tuners is not None and q.dtype in TUNED_DTYPES
+            and max(t_q, k.shape[2]) >= TUNE_MIN_LENGTH):
         tuners.forward.launch(lambda meta: (_cdiv(t_q, meta["BLOCK_Q"]), n_b * n_h),
                               (q.dtype, args[-1], *constants.values()), *args, **constants)
     else:
@@ -692,7 +699,8 @@ def flash_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
                   *(grad_q.stride()[:3] if atomic_dq else (0, 0, 0)), *tail)
     dq_args = (q, k, v, grad_out, lse, delta, grad_q, *shared, *common, *grad_q.stride()[:3],
                *tail)
-    tuned = tune and tuners is not None and q.dtype in TUNED_DTYPES
+    tuned = (tune and tuners is not None and q.dtype in TUNED_DTYPES
+             and max(t_q, t_k) >= TUNE_MIN_LENGTH)
     key = (q.dtype, tail[-1], *constants.values(), bias_grad)
     if tuned:
         assert tuners is not None  # for mypy: `tuned` says so
