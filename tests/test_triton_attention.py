@@ -190,6 +190,20 @@ def test_tuning_times_each_configuration_on_the_real_outputs_and_keeps_them_righ
         assert (config["BLOCK_Q"], config["BLOCK_K"]) in {(16, 32), (32, 16)}
 
 
+@needs_triton
+def test_a_configuration_that_fails_to_compile_is_skipped_by_the_tuner():
+    """The autotuner skips only resource errors; a compiler error of one configuration on
+    some Triton and GPU must cost that configuration, not the call."""
+    from course_attn.core import triton_kernels as kernels
+
+    def broken():
+        raise RuntimeError("PassManager::run failed")
+
+    timer = kernels.build_tuners().forward.tuner.do_bench
+    with pytest.warns(RuntimeWarning, match=r"a Triton configuration was skipped"):
+        assert timer(broken, quantiles=(0.5, 0.2, 0.8)) == [float("inf")] * 3
+
+
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="tuning runs on a GPU only")
 @pytest.mark.parametrize("backward", module.TRITON_BACKWARDS)
 def test_the_tuned_kernel_in_bfloat16_matches_float32_on_a_gpu(backward):

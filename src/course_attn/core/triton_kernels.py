@@ -57,6 +57,7 @@ import contextlib
 import functools
 import inspect
 import os
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -558,11 +559,23 @@ class Tuners:
 def build_tuners(forward: list[Any] = FORWARD_CONFIGS, dk_dv: list[Any] = DK_DV_CONFIGS,
                  dq: list[Any] = DQ_CONFIGS,
                  do_bench: Callable[..., Any] | None = None) -> Tuners:
-    """Tuned kernels over these configurations (Chapter 9). ``do_bench`` times one run
-    (default: ``triton.testing.do_bench`` with 5 ms of warm-up and 25 of runs per config)."""
-    if do_bench is None:
-        do_bench = functools.partial(triton.testing.do_bench, warmup=5, rep=25)
-    return Tuners(forward, dk_dv, dq, do_bench)
+    """Tuned kernels over these configurations (Chapter 9). ``do_bench(kernel_call,
+    quantiles)`` times one configuration (default: ``triton.testing.do_bench`` with 5 ms of
+    warm-up and 25 of runs; a configuration that fails to compile counts as infinitely
+    slow)."""
+    return Tuners(forward, dk_dv, dq, do_bench or _time_or_skip)
+
+
+def _time_or_skip(kernel_call: Callable[[], None], quantiles: Any) -> Any:
+    """``triton.testing.do_bench`` (5 ms warm-up, 25 ms of runs), or an infinite time for a
+    configuration that fails to compile with this Triton on this GPU, so the tuner skips it
+    instead of failing the call (the autotuner itself skips only resource errors)."""
+    try:
+        return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
+    except Exception as error:  # a compiler error of one configuration, say
+        warnings.warn(f"a Triton configuration was skipped: {type(error).__name__}: "
+                      f"{str(error)[:200]}", RuntimeWarning, stacklevel=2)
+        return [float("inf")] * len(quantiles)
 
 
 #: The kernels the launchers tune with; ``None`` under the interpreter, which keeps one fixed
