@@ -3,8 +3,10 @@
 For each length T, on the same random ``(B, H, T, head_dim)`` inputs, causal
 self-attention through each path of ``course_attn.core.attention``: ``manual``
 (stores the T x T weights), ``tiled`` (chapter 9's algorithm in torch, a Python loop
-over tiles), ``triton`` (the same algorithm as a FlashAttention-2 kernel) and ``sdpa``
-(PyTorch's fused kernel, whose backend is printed: on a GPU usually FlashAttention-2).
+over tiles), ``triton`` (the same algorithm as Triton kernels, in FlashAttention-2's loop
+order) and ``sdpa`` (PyTorch's fused kernel, whose backend is printed: FlashAttention-2, or
+cuDNN's, which PyTorch picked on the H100 of benchmarks/records/h100-2026-11-26.md;
+``benchmarks/gpu_check.sh`` forces each backend in turn).
 The paths run one after the other for each T, so every ratio is between figures of
 this run. For each it prints:
 
