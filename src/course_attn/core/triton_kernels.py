@@ -234,7 +234,7 @@ def forward_tiles(acc, l, m, q, K_head, V_head, k_st, v_st, lo, hi, rows, b, h, 
         if DROPOUT:
             keep = dropout_keep(Seed, bh, t_q, t_k, rows, cols, dropout_p)
             p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
-        if MASKED:  # a key no query of the tile may see is zeroed: 0 * NaN in a pad is NaN
+        if MASKED:  # zero the keys no query here may see: 0 * NaN in a pad is NaN
             seen = tl.max(allowed.to(tl.int32), 0) > 0  # (BK,)
             v = tl.where(seen[:, None], v, 0.0)
         # (BQ, BK) @ (BK, BDV) -> (BQ, BDV)
