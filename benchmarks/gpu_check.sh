@@ -29,6 +29,7 @@ cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python}
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET  # compiled kernels, never the interpreter
+export PYTHONUNBUFFERED=1  # what a section printed survives its timeout
 DATA=${DATA:-gpu_carry/data/tinyshakespeare.txt}
 ITERS=${ITERS:-200}
 BUDGET=${GPU_CHECK_BUDGET:-400}

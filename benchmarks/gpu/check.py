@@ -182,7 +182,9 @@ def kernel() -> None:
                 got = _grads(paths[name], q, k, v, grad_out)
                 errors[f"{label}, {name}"] = [(a.float() - r.float()).abs().max().item()
                                               for a, r in zip(got, reference, strict=True)]
-        print(f"measured {label}", file=sys.stderr, flush=True)
+        print(f"measured {label} (forward, forward + backward ms): " + "; ".join(
+            f"{n} {r[0]:.3f}, {r[1]:.3f}" if isinstance(r, tuple) else f"{n} {r}"
+            for n, r in results[label].items()), flush=True)
 
     for kind, index in (("forward", 0), ("forward + backward", 1)):
         print(f"\n**{kind}, ms** (bf16, causal, B=4 H=16 unless said; median of "

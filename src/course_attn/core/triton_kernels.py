@@ -144,7 +144,7 @@ def dropout_keep(Seed, bh, t_q, t_k, rows, cols, dropout_p):
 
 # ------------------------------------------------------------------------------ forward
 # One program per (query block, batch x head); its loop over key blocks is forward_tiles.
-@triton.jit
+@triton.jit(do_not_specialize=["n_heads"])  # one binary for any number of heads
 def forward_kernel(
     Q, K, V, Out, LSE,  # (B, H, T_q, d_k), (B, H, T_k, d_k), (B, H, T_k, d_v) and
     # (B, H, T_q, d_v) by their strides below; LSE (B * H, T_q), contiguous
@@ -245,7 +245,7 @@ def forward_tiles(acc, l, m, q, K_head, V_head, k_st, v_st, lo, hi, rows, b, h, 
 
 # ----------------------------------------------------------------------------- backward
 # D_i = sum_d dO_i * O_i, the softmax backward's row term (O holds dropout already).
-@triton.jit
+@triton.jit(do_not_specialize=["n_heads"])  # one binary for any number of heads
 def backward_delta_kernel(Out, dOut, Delta, o_sb, o_sh, o_st, do_sb, do_sh, do_st, n_heads,
                           t_q, D_V: tl.constexpr, BLOCK_DV: tl.constexpr,
                           BLOCK_Q: tl.constexpr):
@@ -263,7 +263,7 @@ def backward_delta_kernel(Out, dOut, Delta, o_sb, o_sh, o_st, do_sb, do_sh, do_s
 # One program per (key block, batch x head), a loop over the query blocks that may see it
 # (key_block_tiles); it owns its rows of dK and dV (and its entries of dBias), and with
 # ATOMIC_DQ it also adds into dQ: FlashAttention-2's single pass.
-@triton.jit
+@triton.jit(do_not_specialize=["n_heads"])  # one binary for any number of heads
 def backward_dk_dv_kernel(
     Q, K, V, dOut, LSE, Delta, dK, dV, dQ, dBias,  # dQ: float32 (float64), if ATOMIC_DQ;
     # dBias: (B * H, T_q, T_k) float32 (float64), if BIAS_GRAD
@@ -382,7 +382,7 @@ def key_block_tiles(grad_k, grad_v, k, v, Q_head, dO_head, dQ_head, q_st, do_st,
 
 # The pair's second kernel: one program per (query block, batch x head), a loop over key
 # blocks as in the forward (query_block_tiles); it owns its rows of dQ.
-@triton.jit
+@triton.jit(do_not_specialize=["n_heads"])  # one binary for any number of heads
 def backward_dq_kernel(
     Q, K, V, dOut, LSE, Delta, dQ,
     Mask, Bias, Seed, Scale,
