@@ -170,17 +170,19 @@ EOF
 export PY TMP DATA ITERS
 export -f run_tests run_trainer run_nanogpt summary
 say "# GPU check of course_attn (benchmarks/gpu_check.sh)"
-section "(a) date, card, versions, CPU" 30 380 md "$PY" benchmarks/gpu/check.py env
-section "(b) tests/test_triton_attention.py, compiled kernels" 150 220 text run_tests
-section "(c) the Triton kernel against SDPA's backends" 150 90 md \
+# caps, and reserves: the least each later section needs (kernel 60 s, host 10, calls 10,
+# step 40, each trainer 25, nanoGPT 25, summary 10)
+section "(a) date, card, versions, CPU" 30 0 md "$PY" benchmarks/gpu/check.py env
+section "(b) tests/test_triton_attention.py, compiled kernels" 150 205 text run_tests
+section "(c) the Triton kernel against SDPA's backends" 150 145 md \
   "$PY" benchmarks/gpu/check.py kernel
-section "(d) host time per call" 30 75 text \
+section "(d) host time per call" 30 135 text \
   "$PY" benchmarks/attention_triton.py --host-only --device cuda --dtype bfloat16
-section "(d) wall time per small call" 20 70 md "$PY" benchmarks/gpu/check.py calls
-section "(e) MiniGPT's training step (gpu preset sizes, bf16 autocast, eager)" 60 60 md \
+section "(d) wall time per small call" 20 125 md "$PY" benchmarks/gpu/check.py calls
+section "(e) MiniGPT's training step (gpu preset sizes, bf16 autocast, eager)" 60 85 md \
   "$PY" benchmarks/gpu/check.py step
-section "(e) the trainer, --impl sdpa" 40 45 text run_trainer sdpa
-section "(e) the trainer, --impl triton" 50 25 text run_trainer triton
+section "(e) the trainer, --impl sdpa" 40 60 text run_trainer sdpa
+section "(e) the trainer, --impl triton" 50 35 text run_trainer triton
 section "(e) nanoGPT's train.py" 40 10 text run_nanogpt
 section "(e) trainer summary" 15 0 md summary
 say ""
