@@ -102,3 +102,11 @@ lock:
 
 clean:
 	rm -rf _build .pytest_cache .ruff_cache
+
+# One check on one CUDA GPU (issue 32): the kernel's tests compiled, the kernel against SDPA's
+# backends, the host time, the training step and the trainer (against nanoGPT with
+# NANOGPT_DIR=...). Uses the .venv where there is one, else python; see benchmarks/gpu_check.sh.
+.PHONY: gpu-check
+gpu-check:
+	PYTHON=$$(test -x $(BIN)/python && echo $(BIN)/python || echo python) \
+	  bash benchmarks/gpu_check.sh

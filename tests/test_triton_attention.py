@@ -108,6 +108,171 @@ def test_any_tile_size_gives_the_same_answer(block_q, block_k, causal):
         assert_close(got, want, **EXACT)
 
 
+TILE_CASES = [  # (T_q, T_k, block_q, block_k, causal, backward, key padding, bias)
+    (45, 45, 16, 32, True, "pair", False, False),
+    (45, 45, 32, 16, True, "atomic", False, True),
+    (20, 50, 16, 16, True, "pair", False, True),
+    (20, 50, 32, 16, True, "atomic", False, False),
+    (50, 20, 16, 32, True, "pair", False, False),
+    (50, 20, 16, 16, True, "atomic", False, False),
+    (64, 64, 32, 16, False, "pair", False, False),
+    (45, 50, 16, 32, False, "atomic", False, True),
+    (45, 45, 16, 16, True, "atomic", True, False),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize(("t_q", "t_k", "block_q", "block_k", "causal", "backward", "padded",
+                          "biased"), TILE_CASES)
+def test_unmasked_and_masked_tiles_of_every_kernel_equal_the_manual_path(
+        t_q, t_k, block_q, block_k, causal, backward, padded, biased):
+    """Several tiles each way, so that every kernel runs both its loops: the tiles every
+    query sees whole (no mask arithmetic) and the masked ones (the causal diagonal, a ragged
+    last tile, T_q != T_k); both kinds of backward."""
+    q, k, v, grad_out = _qkv((2, 2), t_q, t_k, 16, 8, seed=t_q + t_k)
+    mask = _key_padding(2, t_k, [t_k, t_k - 7]) if padded else None
+    g = torch.Generator().manual_seed(16)
+    bias = torch.randn(2, 1, t_q, t_k, generator=g).to(DEVICE) if biased else None
+    manual = _run("manual", q, k, v, grad_out, mask, is_causal=causal, bias=bias)
+    kernel = _run("triton-blocks", q, k, v, grad_out, mask, is_causal=causal, bias=bias,
+                  block_q=block_q, block_k=block_k, backward=backward)
+    for what, want, got in zip(("out", "dq", "dk", "dv"), manual, kernel, strict=True):
+        assert torch.isfinite(got).all(), what
+        assert_close(got, want, **EXACT, msg=lambda m, w=what: f"{w}: {m}")
+
+
+@needs_triton
+def test_the_tuners_length_key_is_a_power_of_four_bucket():
+    from course_attn.core.triton_kernels import length_bucket
+
+    assert [length_bucket(t) for t in (1, 256, 257, 1024, 4096, 4097, 16384)] == \
+        [256, 256, 1024, 1024, 4096, 16384, 16384]
+
+
+@needs_triton
+@pytest.mark.parametrize("backward", module.TRITON_BACKWARDS)
+def test_tuning_times_each_configuration_on_the_real_outputs_and_keeps_them_right(
+        monkeypatch, backward):
+    """The tuned launch path, under the interpreter with two configurations a kernel and a
+    stand-in timer: the tuner runs every kernel once per configuration on the real outputs
+    (the atomic dQ is zeroed before each run), then launches its choice directly."""
+    if DEVICE.type == "cuda":
+        pytest.skip("the GPU tunes for real: benchmarks/gpu_check.sh checks its results")
+    import triton
+
+    from course_attn.core import triton_kernels as kernels
+
+    runs = []
+
+    def once(kernel_call, quantiles):  # a timer that runs the kernel and says 1 ms
+        kernel_call()
+        runs.append(1)
+        return [1.0, 1.0, 1.0]
+
+    two = [triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=4, num_stages=2)
+           for bq, bk in ((16, 32), (32, 16))]
+    tuners = kernels.build_tuners(two, two, two, do_bench=once)
+    monkeypatch.setattr(kernels, "tuners", tuners)
+    monkeypatch.setattr(kernels, "TUNED_DTYPES", (torch.float32,))
+    monkeypatch.setattr(kernels, "TUNE_MIN_LENGTH", 0)
+    q, k, v, grad_out = _qkv((1, 2), 40, 40, 16, 16, seed=17)
+    manual = _run("manual", q, k, v, grad_out, is_causal=True)
+    for _ in range(2):  # the first call tunes, the second launches the chosen configuration
+        tuned = _run("triton-blocks", q, k, v, grad_out, is_causal=True, backward=backward)
+        for want, got in zip(manual, tuned, strict=True):
+            assert_close(got, want, **EXACT)
+    kinds = ("forward", "dk_dv_dq") if backward == "atomic" else ("forward", "dk_dv", "dq")
+    assert len(runs) == 2 * len(kinds)  # timed once, on the first call only
+    for kind in kinds:
+        chosen = getattr(tuners, kind).chosen
+        assert len(chosen) == 1
+        config = next(iter(chosen.values()))
+        assert (config["BLOCK_Q"], config["BLOCK_K"]) in {(16, 32), (32, 16)}
+
+
+@needs_triton
+def test_a_configuration_that_fails_to_compile_is_skipped_by_the_tuner():
+    """The autotuner skips only resource errors; a compiler error of one configuration on
+    some Triton and GPU must cost that configuration, not the call."""
+    from course_attn.core import triton_kernels as kernels
+
+    def broken():
+        raise RuntimeError("PassManager::run failed")
+
+    timer = kernels.build_tuners().forward.tuner.do_bench
+    with pytest.warns(RuntimeWarning, match=r"a Triton configuration was skipped"):
+        assert timer(broken, quantiles=(0.5, 0.2, 0.8)) == [float("inf")] * 3
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="tuning runs on a GPU only")
+@pytest.mark.parametrize("backward", module.TRITON_BACKWARDS)
+def test_the_tuned_kernel_in_bfloat16_matches_float32_on_a_gpu(backward):
+    """bf16 from 256 positions on: the tuner's configurations, forward and both backwards
+    (the shape's specialisations are the GPU check's T = 1024, so it compiles them once)."""
+    from course_attn.core import triton_kernels as kernels
+
+    q, k, v, grad_out = _qkv((1, 16), 512, 512, 64, 64, seed=19)
+    full = _run("manual", q, k, v, grad_out, is_causal=True)
+    half = _run("triton-blocks", *(t.bfloat16() for t in (q, k, v, grad_out)), is_causal=True,
+                backward=backward)
+    assert kernels.tuners is not None and kernels.tuners.forward.chosen  # it was tuned
+    for what, want, got in zip(("out", "dq", "dk", "dv"), full, half, strict=True):
+        assert got.dtype == torch.bfloat16
+        assert_close(got.float(), want, rtol=0.05, atol=0.05,
+                     msg=lambda m, w=what: f"{w}: {m}")
+
+
+@needs_triton
+def test_the_interpreter_keeps_one_fixed_configuration():
+    from course_attn.core import triton_kernels as kernels
+
+    if DEVICE.type == "cuda":
+        assert kernels.tuners is not None  # compiled: half precision is tuned
+        return
+    assert kernels.INTERPRETING and kernels.tuners is None
+    q, k, v, grad_out = _qkv((1, 2), 12, 12, 32, 32, seed=18, dtype=torch.bfloat16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    with kernels.launches_recorded() as calls:
+        attention(q, k, v, is_causal=True, impl="triton")[0].backward(grad_out)
+    assert [name for name, _, _ in calls] == ["forward_kernel", "backward_delta_kernel",
+                                              "backward_dk_dv_kernel", "backward_dq_kernel"]
+    for name, _, options in calls:
+        if name != "backward_delta_kernel":
+            assert (options["BLOCK_Q"], options["BLOCK_K"]) == \
+                module.default_triton_blocks(32, torch.float32)
+
+
+@needs_triton
+@pytest.mark.parametrize("layout", ["(B, H, T, d)", "(B, T, H, d) seen as (B, H, T, d)"])
+def test_a_models_call_reaches_the_kernel_without_copies_or_a_mask(layout):
+    """A model's q, k, v go to the kernel as they are (same memory, their strides), causal
+    self-attention sends no mask at all, and the output is laid out like q, so that merging
+    the heads afterwards is a view; in the backward the gradients keep that layout too."""
+    from course_attn.core import triton_kernels as kernels
+
+    b, h, t, d = 2, 3, 20, 16
+    shape = (b, h, t, d) if layout.startswith("(B, H") else (b, t, h, d)
+    q, k, v = (torch.randn(*shape, device=DEVICE, requires_grad=True) for _ in range(3))
+    views = [x if layout.startswith("(B, H") else x.transpose(1, 2) for x in (q, k, v)]
+    with kernels.launches_recorded() as calls:
+        out, _ = module.attention_triton(*views, is_causal=True)
+        grads = torch.autograd.grad(out, views, torch.ones_like(out))
+    name, args, options = calls[0]
+    assert name == "forward_kernel"
+    assert [a.data_ptr() for a in args[:3]] == [x.data_ptr() for x in (q, k, v)]  # no copy
+    assert options["IS_CAUSAL"] and not options["HAS_MASK"]  # no mask built
+    assert args[5] is args[0]  # the mask's argument is only a placeholder
+    assert out.stride() == views[0].stride()  # (B, T, H, d) memory stays (B, T, H, d)
+    assert all(g.stride() == x.stride() for g, x in zip(grads, views, strict=True))
+
+
+def test_the_backward_kind_is_checked():
+    q = torch.randn(2, 4, 8)
+    with pytest.raises(ValueError, match=r"backward must be one of \('pair', 'atomic'\), "
+                                         r"got 'single'"):
+        triton_attention(q, q, q, backward="single")
+
+
 @needs_triton
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN keys
 def test_rows_with_no_allowed_key_give_zeros_and_zero_gradients():
@@ -157,16 +322,34 @@ def test_broadcast_batch_dimensions_sum_their_gradients():
 
 
 @needs_triton
-def test_gradcheck_in_float64_with_mask_bias_and_causal():
+@pytest.mark.parametrize("backward", module.TRITON_BACKWARDS)
+def test_gradcheck_in_float64_with_mask_bias_and_causal(backward):
+    """float64 tiles multiply without tl.dot (Triton has no float64 MMA at these sizes); on a
+    GPU with ``FLOAT64_ON_CUDA = False`` the path refuses float64 clearly instead."""
     q, k, v, _ = _qkv((1, 1), 5, 6, 4, 3, seed=9, dtype=torch.float64)
     bias = torch.randn(5, 6, dtype=torch.float64, device=DEVICE)
     mask = torch.tensor([True, True, False, True, True, True], device=DEVICE)
     inputs = tuple(t.requires_grad_() for t in (q, k, v, bias))
 
     def f(q, k, v, bias):
-        return attention(q, k, v, mask, is_causal=True, bias=bias, impl="triton")[0]
+        return triton_attention(q, k, v, mask, is_causal=True, bias=bias, backward=backward)
 
+    if DEVICE.type == "cuda" and not module.FLOAT64_ON_CUDA:
+        with pytest.raises(TypeError, match=r"q has dtype torch.float64"):
+            f(*inputs)
+        return
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6)
+
+
+def test_float64_on_cuda_is_refused_before_compiling_when_switched_off():
+    cuda = torch.device("cuda")  # a device name: no GPU needed
+    with pytest.raises(TypeError, match=r"impl='triton' on a CUDA GPU takes float32, float16 "
+                                        r"or bfloat16 tensors: q has dtype torch.float64"):
+        module.check_kernel_dtype(torch.float64, cuda, float64_on_cuda=False)
+    module.check_kernel_dtype(torch.float64, cuda, float64_on_cuda=True)  # the kernel's tiles
+    module.check_kernel_dtype(torch.float64, torch.device("cpu"), float64_on_cuda=False)
+    module.check_kernel_dtype(torch.bfloat16, cuda, float64_on_cuda=False)
+    assert module.default_triton_blocks(4, torch.float64) == (16, 16)
 
 
 @needs_triton
