@@ -20,15 +20,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-import course_attn.train.cli as cli
+import course_attn.train.outputs as outputs
 from course_attn.train import CheckpointWriteError, TrainConfig, load_checkpoint, main, train
 from course_attn.train.distributed import World, micro_batch_rows
+from course_attn.train.outputs import EXIT_WRITE_FAILED
 
 ROOT = Path(__file__).resolve().parents[1]
 COPY = ["--task", "copy", "--n-layers", "1", "--n-heads", "2", "--d-model", "16",
@@ -184,12 +186,13 @@ def test_the_cli_reports_a_write_that_fails_and_keeps_the_metrics(tmp_path, monk
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(cli, "write_metrics", read_only)
+    monkeypatch.setattr(outputs, "write_metrics", read_only)  # every place refuses them
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     code = main([*COPY, "--batch-size", "2", "--max-iters", "2", "--out",
                  str(tmp_path / "c.pt"), "--metrics-out", str(metrics)])
     err = capsys.readouterr().err
-    assert code == 1 and f"could not be written to {str(metrics)!r}" in err
-    assert "Read-only file system" in err and (tmp_path / "c.pt").exists()
+    assert code == EXIT_WRITE_FAILED and "could not be written anywhere" in err
+    assert f"{str(metrics)!r} (Read-only file system)" in err and (tmp_path / "c.pt").exists()
 
 
 def test_metrics_without_room_are_refused_before_training(tmp_path, monkeypatch, capsys):

@@ -209,8 +209,7 @@ def test_save_checkpoint_removes_its_tmp_file_when_writing_fails(tmp_path, monke
     checkpoint = load_checkpoint(path)
 
     def disk_full(obj, f):
-        with open(f, "wb") as handle:
-            handle.write(b"half a checkpoint")
+        f.write(b"half a checkpoint")  # save_checkpoint hands torch.save an open file
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", disk_full)

@@ -49,6 +49,7 @@ from .checkpoint import CHECKPOINT_FORMAT as CHECKPOINT_FORMAT  # re-exported
 from .checkpoint import (
     HISTORY,
     check_checkpoint_path,
+    check_checkpoint_room,
     is_plain,
     load_checkpoint,
     model_from_checkpoint,
@@ -731,11 +732,27 @@ class _Run:
         self.model.train()  # the callback may have left it in eval mode
 
     def _save(self, done: int) -> None:
+        """Write the checkpoint of iteration ``done`` (process 0); every process learns if it
+        could not be written, and all of them stop together (none waits for the others)."""
         if not _weights_finite(self.model):  # never overwrite good weights with bad ones
             raise self._diverged(done, float("nan"),
                                  f"the weights after iteration {done} are not all finite")
-        if not self.world.main:  # one process writes; the others hold the same weights
-            return
+        # One process writes (the others hold the same weights) and tells the others.
+        failed = self._write_checkpoint(done) if self.world.main else None
+        if any_rank(failed is not None, self.world, self.device):
+            self._finish()
+            kept = (f"the checkpoint of iteration {self.saved_iter} is kept there"
+                    if self.saved_iter is not None else "no checkpoint of this run was written")
+            reason = (f"{failed.strerror or failed}" if failed is not None
+                      else "process 0 could not write it")
+            raise CheckpointWriteError(
+                f"could not write the checkpoint {str(self.checkpoint_path)!r} after iteration "
+                f"{done}: {reason}; {kept}", result=self.result,
+                checkpoint_iter=self.saved_iter)
+        self.saved_iter = done
+
+    def _write_checkpoint(self, done: int) -> OSError | None:
+        """Save the run after iteration ``done``; the ``OSError`` if it could not be written."""
         history = {name: getattr(self.result, name) for name in HISTORY}
         assert isinstance(self.model, MiniGPT)  # train() refuses checkpoints for the others
         checkpoint = training_state(
@@ -743,17 +760,11 @@ class _Run:
             optimizer=self.optimizer, scaler=self.scaler, generator=self.generator,
             device=self.device, iteration=done, history=history, meta=self.meta)
         assert self.checkpoint_path is not None  # _save runs only with a path
-        try:
+        try:  # save_checkpoint's one writer makes every failure an OSError with its cause
             save_checkpoint(self.checkpoint_path, checkpoint)
         except OSError as error:
-            self._finish()
-            kept = (f"the checkpoint of iteration {self.saved_iter} is kept there"
-                    if self.saved_iter is not None else "no checkpoint of this run was written")
-            raise CheckpointWriteError(
-                f"could not write the checkpoint {str(self.checkpoint_path)!r} after iteration "
-                f"{done}: {error.strerror or error}; {kept}", result=self.result,
-                checkpoint_iter=self.saved_iter) from None
-        self.saved_iter = done
+            return error
+        return None
 
     def _finish(self) -> None:
         self.bar.close()
@@ -841,9 +852,10 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     MiniGPT only (a ``ValueError`` for an EncoderDecoder).
 
     ``checkpoint_path`` saves a checkpoint after every evaluation and at the
-    end; it is checked before training starts (a folder, a missing or
-    unwritable folder, or an existing file that is not a checkpoint is refused,
-    so the training text is never overwritten).
+    end; it is checked before training starts (a folder, a missing or unwritable
+    folder, a disk without room for one, or an existing file that is not a
+    checkpoint is refused, so the training text is never overwritten). A write
+    that fails later stops the run: :class:`CheckpointWriteError`.
 
     ``resume_from`` (a checkpoint or its path) restores the weights, the
     optimizer, the iteration count, the loss history and every random state,
@@ -857,9 +869,8 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     checkpoint; on resume, the checkpoint's meta is kept and updated with it.
 
     A non-finite training loss stops the run (found at the read-back every
-    ``log_interval`` iterations; the first bad iteration is named):
-    :class:`TrainingDiverged` carries the result so far, and the checkpoint on
-    disk stays the last one with finite weights.
+    ``log_interval`` iterations; the first bad iteration is named): a
+    :class:`TrainingDiverged` with the result so far; the checkpoint stays the last good one.
 
     ``on_eval(iteration, model, result)`` is called after every evaluation and
     its checkpoint (chapter 11 prints a sample there). It changes nothing about
@@ -874,8 +885,9 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
         checkpoint, meta = check_resume(resume_from, dataclasses.asdict(model.config),
                                         dataclasses.asdict(config), meta,
                                         world_size=world_from_env().size)
-    if checkpoint_path is not None:
-        check_checkpoint_path(checkpoint_path, "checkpoint_path")
+    if checkpoint_path is not None:  # the path, and room on its disk for one checkpoint
+        check_checkpoint_room(check_checkpoint_path(checkpoint_path, "checkpoint_path"),
+                              "checkpoint_path", model)
     run = _Run(model, data, config, checkpoint_path=checkpoint_path,
                meta={**meta, "world_size": world_from_env().size}, on_eval=on_eval)
     try:
