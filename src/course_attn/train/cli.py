@@ -117,9 +117,10 @@ examples:
       (two processes, gloo on a CPU, NCCL on GPUs: data parallelism; the global
       batch above is 6 x 1 x 2 = 12, the cpu preset's)
 
-Ctrl-C or SIGTERM stops at the end of the current step: the checkpoint (--out) and
-the metrics so far are written, and the command to resume is printed (exit 130 or
-143). A second Ctrl-C stops at once.
+Ctrl-C or SIGTERM stops at the end of the current step (under torchrun, of the
+step where the processes next read their losses back, within 10 steps): the
+checkpoint (--out) and the metrics so far are written, and the command to resume
+is printed (exit 130 or 143). A second Ctrl-C stops at once.
 
 A disk that fills up or a folder that turns read-only stops the run at the next
 checkpoint with one message and exit code 74: the last good checkpoint is kept,

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["World", "all_mean", "any_rank", "join", "leave", "micro_batch_rows",
+__all__ = ["World", "all_sum", "any_rank", "join", "leave", "micro_batch_rows",
            "world_from_env"]
 
 
@@ -91,13 +91,14 @@ def leave(world: World) -> None:
         dist.destroy_process_group()
 
 
-def all_mean(value: Tensor, world: World) -> Tensor:
-    """The mean of ``value`` over the processes (every process gets it); itself on one."""
+def all_sum(value: Tensor, world: World) -> Tensor:
+    """The sum of ``value`` over the processes, element by element (every process gets it);
+    itself on one. The trainer sums its pending losses and stop flag in one call."""
     if world.size == 1:
         return value
     total = value.detach().clone()
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return total / world.size
+    return total
 
 
 def any_rank(flag: bool, world: World, device: torch.device) -> bool:

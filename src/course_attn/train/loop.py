@@ -57,7 +57,7 @@ from .checkpoint import (
     save_checkpoint,
     training_state,
 )
-from .distributed import all_mean, any_rank, join, leave, micro_batch_rows, world_from_env
+from .distributed import all_sum, any_rank, join, leave, micro_batch_rows, world_from_env
 from .hardware import GPU_PEAK_FLOPS, gpu_peak_flops
 from .outputs import METRICS_FORMAT
 from .presets import PRESETS, check_preset_device
@@ -351,6 +351,11 @@ def learning_rate(it: int, config: TrainConfig) -> float:
         raise ValueError(f"it must be an iteration index >= 0, got {it}")
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    return _scheduled_lr(it, config)
+
+
+def _scheduled_lr(it: int, config: TrainConfig) -> float:
+    """:func:`learning_rate` without the checks, for the loop (checked once, at the door)."""
     min_lr = config.lr / 10 if config.min_lr is None else config.min_lr
     decay_iters = config.max_iters if config.lr_decay_iters is None else config.lr_decay_iters
     if it < config.warmup_iters:
@@ -492,6 +497,9 @@ class TrainingInterrupted(Exception):
     ``iteration`` (the last step done), ``signal_name`` and ``checkpoint_iter`` (the
     iteration of the checkpoint on disk, or ``None``). A second signal stops the process
     at once. Resuming from the checkpoint repeats the uninterrupted run (chapter 11).
+    Several processes stop together after the step of their next read-back (every
+    ``log_interval`` steps), where they agree at no extra cost; asking them after every
+    step would make each step wait for the GPU.
     """
 
     def __init__(self, message: str, *, result: TrainResult, iteration: int,
@@ -599,12 +607,14 @@ class _Run:
         self.dtype = amp_dtype(self.device, amp=config.amp)
         # fp16 gradients underflow without scaling; bf16 and float32 need none (a no-op then).
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
+        self.autocast = _autocast(self.device, self.dtype)  # made once, entered every step
         self.generator = torch.Generator().manual_seed(config.seed)  # data order (CPU, saveable)
         torch.manual_seed(config.seed + self.world.rank)  # dropout: each process its own
         # Every process draws the same global batch and trains on its slices (_step).
         self.objective = _objective(
             model, data, config.batch_size * config.grad_accum * self.world.size)
         self.stop: list[int] = []  # the signals received (SIGINT, SIGTERM)
+        self.stop_agreed = False  # several processes: whether any had one at the read-back
         self.result = TrainResult(n_params=_num_parameters(model), device=str(self.device))
         self.start = 0  # the first iteration: 0, or the checkpoint's when resuming
         self.pending: list[Tensor] = []  # this stretch's losses, still on the device
@@ -646,35 +656,52 @@ class _Run:
                 done = it + 1
                 evaluate = done % config.eval_interval == 0 or done == config.max_iters
                 warm_up = done == self.start + 1 and not evaluate
-                if evaluate or warm_up or done % config.log_interval == 0:
+                read = evaluate or warm_up or done % config.log_interval == 0
+                if read:
                     self._read_back(done, timed=not warm_up)
                 if evaluate:
                     self._evaluate(done)
-                if any_rank(bool(self.stop), self.world, self.device):  # all stop together
+                # One process: the signal it got. Several: the one they agreed on at the
+                # read-back, so that all stop after the same step.
+                if self.stop_agreed if self.world.size > 1 else self.stop:
                     raise self._interrupted(done, evaluated=evaluate)
         self._finish()
         return self.result
 
     def _step(self, step_model: Callable[..., Any], it: int) -> None:
-        """One optimizer step on one batch; its loss stays on the device (no sync)."""
+        """One optimizer step on one batch; its loss stays on the device (no sync).
+
+        Nothing here is checked, made or read back that the step does not need: the
+        settings were checked once (``TrainConfig``), the autocast context is made once,
+        and the loss is this process's own (averaged over the processes at the read-back,
+        :meth:`_read_back`). On a GPU each tensor operation costs the host a few
+        microseconds, and each read-back makes it wait for the device.
+        """
         config, optimizer, scaler = self.config, self.optimizer, self.scaler
-        lr = learning_rate(it, config)
+        lr = _scheduled_lr(it, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
         # The global batch, drawn alike by every process; this one trains on its slices.
         batch = self.objective.batch("train", self.generator, self.device)  # (G, ...)
         optimizer.zero_grad(set_to_none=True)
         accum, world = config.grad_accum, self.world
-        loss = torch.zeros((), device=self.device)
+        losses: list[Tensor] = []
         for k in range(accum):
             micro = _rows(batch, micro_batch_rows(world, k, config.batch_size))  # (B, ...)
             last = k == accum - 1  # DDP averages the gradients once, after the last one
             with (contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()):
-                with _autocast(self.device, self.dtype):
-                    micro_loss = self.objective.loss(step_model, micro) / accum
+                with self.autocast:
+                    micro_loss = self.objective.loss(step_model, micro)
+                    if accum > 1:  # (x / 1 is x: one kernel less, forward and backward)
+                        # The mean of the micro-batches' mean losses: the mean over the
+                        # global batch's tokens only because every micro-batch counts as
+                        # many tokens (B x T of next-token text, B x tgt_len of seq2seq).
+                        micro_loss = micro_loss / accum
                 scaler.scale(micro_loss).backward()  # gradients add up over micro-batches
-            loss = loss + micro_loss.detach()
-        loss = all_mean(loss, world)  # every process reports the same loss
+            losses.append(micro_loss.detach())
+        loss = losses[0]
+        for later in losses[1:]:  # added in order: the same bits as the sum from 0 was
+            loss = loss + later
         if config.grad_clip > 0:
             scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
@@ -684,8 +711,18 @@ class _Run:
         self.pending_lrs.append(lr)
 
     def _read_back(self, done: int, *, timed: bool) -> None:
-        """Fetch the pending losses (the host waits for the device here), then time the stretch."""
-        values = torch.stack(self.pending).tolist() if self.pending else []
+        """Fetch the pending losses (the host waits for the device here), then time the stretch.
+
+        Under several processes, one all-reduce here averages each step's loss over them
+        (every process reports the same losses) and tells them whether any got a signal.
+        """
+        if self.world.size > 1:
+            flag = torch.full((), float(bool(self.stop)), device=self.device)
+            summed = all_sum(torch.stack([*self.pending, flag]), self.world)  # (n + 1,)
+            values = (summed[:-1] / self.world.size).tolist()
+            self.stop_agreed = bool(summed[-1] > 0)
+        else:
+            values = torch.stack(self.pending).tolist() if self.pending else []
         lrs = self.pending_lrs[:]
         self.pending.clear()
         self.pending_lrs.clear()
