@@ -7,8 +7,16 @@ process group (NCCL on CUDA, gloo on a CPU). Every process holds the whole model
 (``DistributedDataParallel``), draws the same global batch from the same seeded
 stream and trains on its own slice of it; after the backward pass, DDP averages
 the gradients over the processes, so every copy takes the same optimizer step.
-A run on one process with gradient accumulation, or with the whole global batch,
-takes the same steps (``tests/test_distributed.py`` proves it on a CPU).
+
+How far "the same run" holds depends on dropout. With ``dropout=0``, a run on one
+process with gradient accumulation, or with the whole global batch, takes the same
+steps, to float rounding (``tests/test_distributed.py`` proves it on a CPU). With
+dropout on, each process draws its dropout masks from its own stream (seeded
+``seed + rank``), and one process draws the masks of all its micro-batches from one
+stream: the rows and the batches are the same, the masks are not. The steps then
+come from the same distribution but are other steps, and the losses differ by the
+noise of dropout (the same test pins this too). Equal steps would need each row's
+mask to depend on the row alone, which the trainer does not do.
 """
 
 from __future__ import annotations

@@ -185,6 +185,9 @@ class TrainConfig:
     Each optimizer step sums the gradients of ``grad_accum`` micro-batches of
     ``batch_size`` sequences on each of the run's processes (one, or N under
     ``torchrun --nproc_per_node=N``): a global batch of ``batch_size * grad_accum * N``.
+    Other splits of one global batch take the same steps with ``dropout=0`` only;
+    with dropout, each process draws its own masks, so the steps are alike in
+    distribution, not equal (:mod:`course_attn.train.distributed`).
     ``seed`` is an int in ``[0, 2**63 - 1]``. Every ``eval_interval``
     iterations (and at the end) the mean loss over ``eval_iters`` batches of
     each split is recorded. The training losses
@@ -609,7 +612,10 @@ class _Run:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.autocast = _autocast(self.device, self.dtype)  # made once, entered every step
         self.generator = torch.Generator().manual_seed(config.seed)  # data order (CPU, saveable)
-        torch.manual_seed(config.seed + self.world.rank)  # dropout: each process its own
+        # Dropout: each process its own stream. So N processes repeat one process's steps
+        # (accumulating N micro-batches) only without dropout: with it, the rows are the
+        # same and the masks are not (see course_attn.train.distributed).
+        torch.manual_seed(config.seed + self.world.rank)
         # Every process draws the same global batch and trains on its slices (_step).
         self.objective = _objective(
             model, data, config.batch_size * config.grad_accum * self.world.size)
