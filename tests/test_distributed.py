@@ -3,6 +3,7 @@
 * ``torchrun --nproc_per_node=2 -m course_attn.train --device cpu`` (gloo) with a global
   batch G takes the same steps as one process with gradient accumulation 2, and as one
   process with batch G: the same losses, the same final weights to float tolerance;
+  with dropout on, only close: each process draws its own masks (issue 36);
 * a run resumes on another number of processes at the same global batch;
 * SIGINT and SIGTERM stop a run at the end of a step with its checkpoint and metrics
   written (exit 130 and 143), and resuming it gives the uninterrupted run's weights;
@@ -20,15 +21,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-import course_attn.train.cli as cli
+import course_attn.train.outputs as outputs
 from course_attn.train import CheckpointWriteError, TrainConfig, load_checkpoint, main, train
 from course_attn.train.distributed import World, micro_batch_rows
+from course_attn.train.outputs import EXIT_WRITE_FAILED
 
 ROOT = Path(__file__).resolve().parents[1]
 COPY = ["--task", "copy", "--n-layers", "1", "--n-heads", "2", "--d-model", "16",
@@ -89,6 +92,26 @@ def test_two_processes_take_the_steps_of_accumulation_and_of_one_big_batch(runs)
     assert largest_difference(weights(ddp), weights(big)) < 1e-5
     # and only one process wrote: one checkpoint, one metrics file, one world size recorded
     assert load_checkpoint(ddp)["meta"]["world_size"] == 2
+
+
+def test_with_dropout_two_processes_take_other_steps_than_accumulation(tmp_path):
+    """The equality above needs dropout 0 (issue 36): each process draws its own dropout
+    masks (seeded seed + rank), one process all of its micro-batches' from one stream.
+    With dropout on, the rows are the same and the masks are not: the losses differ from
+    the first step on, by the noise of dropout, and stay close."""
+    losses = {}
+    for name, flags, processes in (("2 processes", [], 2),
+                                   ("accumulation 2", ["--grad-accum", "2"], 1)):
+        metrics = tmp_path / f"{processes}.json"
+        run(*COPY, "--batch-size", "4", "--dropout", "0.2", "--max-iters", "10",
+            "--eval-interval", "10", "--metrics-out", str(metrics), *flags,
+            processes=processes)
+        losses[name] = json.loads(metrics.read_text())["train_loss_history"]
+    ddp, accum = losses.values()
+    gaps = [abs(a - b) / b for a, b in zip(ddp, accum, strict=True)]  # relative, per step
+    # other masks, other steps: far beyond the rounding of the equal runs above (< 1e-5)
+    assert gaps[0] > 1e-4 and sum(gaps) / len(gaps) > 1e-4
+    assert max(gaps) < 0.05  # and the same run in distribution: within dropout's noise
 
 
 def test_a_run_resumes_on_another_number_of_processes_at_the_same_global_batch(runs, tmp_path):
@@ -184,12 +207,13 @@ def test_the_cli_reports_a_write_that_fails_and_keeps_the_metrics(tmp_path, monk
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(cli, "write_metrics", read_only)
+    monkeypatch.setattr(outputs, "write_metrics", read_only)  # every place refuses them
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     code = main([*COPY, "--batch-size", "2", "--max-iters", "2", "--out",
                  str(tmp_path / "c.pt"), "--metrics-out", str(metrics)])
     err = capsys.readouterr().err
-    assert code == 1 and f"could not be written to {str(metrics)!r}" in err
-    assert "Read-only file system" in err and (tmp_path / "c.pt").exists()
+    assert code == EXIT_WRITE_FAILED and "could not be written anywhere" in err
+    assert f"{str(metrics)!r} (Read-only file system)" in err and (tmp_path / "c.pt").exists()
 
 
 def test_metrics_without_room_are_refused_before_training(tmp_path, monkeypatch, capsys):

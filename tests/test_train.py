@@ -95,9 +95,9 @@ def test_train_seconds_count_the_training_steps_alone(monkeypatch):
     from course_attn.train import loop
 
     clock = [0.0]
-    real_lr, real_estimate = loop.learning_rate, loop.estimate_loss
+    real_lr, real_estimate = loop._scheduled_lr, loop.estimate_loss
 
-    def step_lr(it, config):  # called once per training step
+    def step_lr(it, config):  # called once per training step (the loop's unchecked schedule)
         clock[0] += 1.0
         return real_lr(it, config)
 
@@ -109,7 +109,7 @@ def test_train_seconds_count_the_training_steps_alone(monkeypatch):
         clock[0] += 1000.0
 
     monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(loop, "learning_rate", step_lr)
+    monkeypatch.setattr(loop, "_scheduled_lr", step_lr)
     monkeypatch.setattr(loop, "estimate_loss", slow_estimate)
     config = quick(max_iters=6, eval_interval=2, eval_iters=2)
     result = train(tiny_model(), TASK, config, on_eval=slow_callback)

@@ -209,8 +209,7 @@ def test_save_checkpoint_removes_its_tmp_file_when_writing_fails(tmp_path, monke
     checkpoint = load_checkpoint(path)
 
     def disk_full(obj, f):
-        with open(f, "wb") as handle:
-            handle.write(b"half a checkpoint")
+        f.write(b"half a checkpoint")  # save_checkpoint hands torch.save an open file
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", disk_full)
@@ -236,8 +235,8 @@ def test_divergence_stops_at_the_first_non_finite_loss():
 def poison_at(monkeypatch, bad_it: int) -> None:
     """A NaN learning rate at loop index ``bad_it``: the weights after that step are NaN,
     so the training loss of iteration ``bad_it + 2`` (counted from 1) is the first NaN."""
-    real = trainer.learning_rate
-    monkeypatch.setattr(trainer, "learning_rate",
+    real = trainer._scheduled_lr  # the schedule the loop reads, without learning_rate's checks
+    monkeypatch.setattr(trainer, "_scheduled_lr",
                         lambda it, config: float("nan") if it == bad_it else real(it, config))
 
 

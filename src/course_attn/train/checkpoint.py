@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -160,12 +161,101 @@ def check_checkpoint(checkpoint: object, name: str, keys: Sequence[str]) -> dict
     return _with_todays_names(checkpoint)
 
 
+def _listed(names: Sequence[str], most: int = 3) -> str:
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _shape(value: object) -> tuple[int, ...] | str:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _model_config(checkpoint: dict[str, Any], name: str) -> GPTConfig:
+    """The checkpoint's ``model_config`` as a :class:`GPTConfig`, or a ``ValueError``."""
+    config = checkpoint["model_config"]
+    known = {f.name for f in dataclasses.fields(GPTConfig)}
+    unknown = sorted(str(key) for key in config if key not in known)
+    missing = sorted(key for key in known if key not in config)
+    if unknown or missing:
+        parts = [f"{what}: {_listed(keys)}" for what, keys in (
+            ("keys GPTConfig does not know", unknown), ("keys it lacks", missing)) if keys]
+        raise ValueError(f"{name}: its model_config is not a GPTConfig ({'; '.join(parts)})")
+    try:
+        return GPTConfig(**config)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name}: its model_config is not a GPTConfig: {error}") from None
+
+
+def check_model_parts(checkpoint: dict[str, Any], name: str) -> GPTConfig:
+    """Check that a checkpoint's model config, weights and characters agree; return the config.
+
+    ``checkpoint`` comes from :func:`check_checkpoint` (today's names). A
+    ``ValueError`` naming ``name`` (the file) for a ``model_config`` that is
+    not a :class:`GPTConfig` (a key it does not know, a key missing), weights
+    that are not those of the model it describes (a weight missing or left
+    over, another shape), and a tokenizer whose number of characters is not
+    the model's vocabulary size. The model is built on the ``meta`` device:
+    shapes only, no memory, no time.
+    """
+    config = _model_config(checkpoint, name)
+    with torch.device("meta"):
+        expected = MiniGPT(config).state_dict()
+    weights = checkpoint["model"]
+    missing = [key for key in expected if key not in weights]
+    unexpected = [str(key) for key in weights if key not in expected]
+    reshaped = [f"{key} {_shape(weights[key])} instead of {tuple(tensor.shape)}"
+                for key, tensor in expected.items()
+                if key in weights and _shape(weights[key]) != tuple(tensor.shape)]
+    if missing or unexpected or reshaped:
+        parts = [f"{what}: {_listed(keys)}" for what, keys in (
+            ("missing", missing), ("unexpected", unexpected), ("other shapes", reshaped))
+            if keys]
+        raise ValueError(f"{name} does not hold the weights of the model its model_config "
+                         f"describes ({'; '.join(parts)})")
+    meta = checkpoint.get("meta")
+    chars = meta.get("tokenizer_chars") if isinstance(meta, dict) else None
+    if chars is not None and (not isinstance(chars, str) or len(set(chars)) != len(chars)
+                              or len(chars) != config.vocab_size):
+        count = (f"{len(chars)} characters" if isinstance(chars, str)
+                 else f"a {type(chars).__name__}")
+        raise ValueError(f"{name}: its tokenizer (meta['tokenizer_chars']) holds {count}, "
+                         f"but its model's vocabulary has {config.vocab_size} tokens "
+                         f"(model_config['vocab_size']): a text model needs one distinct "
+                         f"character per token")
+    return config
+
+
+def checkpoint_bytes(model: nn.Module) -> int:
+    """A lower bound on the size of a checkpoint of ``model``: its weights and buffers, and
+    AdamW's two moments per weight (the file also holds names and the run's history)."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return 3 * weights + sum(b.numel() * b.element_size() for b in model.buffers())
+
+
+def check_checkpoint_room(path: Path, name: str, model: nn.Module) -> None:
+    """Refuse, before training, a disk without room for one checkpoint of ``model``.
+
+    The new checkpoint is written beside the old one before it replaces it
+    (:func:`~course_attn.train.outputs.write_atomically`), so one checkpoint's
+    room must be free even when ``path`` holds the last one.
+    """
+    folder = path.resolve().parent
+    free, needed = shutil.disk_usage(folder).free, checkpoint_bytes(model)
+    if free < needed:
+        raise ValueError(f"{name} {str(path)!r}: the disk of {str(folder)!r} has {free:,} "
+                         f"bytes free, fewer than the {needed:,} a checkpoint of this model "
+                         "takes")
+
+
 def save_checkpoint(path: str | os.PathLike[str], checkpoint: dict[str, Any]) -> Path:
     """Write a checkpoint dict, as :func:`~course_attn.train.train` makes it.
 
-    The file is written next to ``path`` as ``path + ".tmp"`` and then renamed,
-    so a crash never leaves a half-written checkpoint under ``path``; if the
-    write fails, the ``.tmp`` file is removed and the old file is untouched.
+    The file is written next to ``path`` as ``path + ".tmp"``, synced to the
+    disk and then renamed, so a crash never leaves a half-written checkpoint
+    under ``path``. If the write fails (a full disk, a read-only folder), the
+    ``.tmp`` file is removed, the old file is untouched, and the error is an
+    ``OSError`` with the cause's errno, never ``torch.save``'s bare
+    ``RuntimeError`` (:func:`~course_attn.train.outputs.write_atomically`).
     """
     target = check_path(path, "path")
     if not isinstance(checkpoint, dict):
@@ -178,7 +268,7 @@ def save_checkpoint(path: str | os.PathLike[str], checkpoint: dict[str, Any]) ->
         raise ValueError(f"path {str(target)!r} is a folder, not a checkpoint file path")
     if target.parent and not target.parent.exists():
         raise FileNotFoundError(f"the folder of the checkpoint path {str(target)!r} does not exist")
-    write_atomically(target, lambda tmp: torch.save(checkpoint, tmp))
+    write_atomically(target, lambda handle: torch.save(checkpoint, handle))
     return target
 
 
@@ -187,8 +277,11 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: str | torch.d
     """Read a checkpoint with ``torch.load(weights_only=True)`` (no arbitrary pickles).
 
     An empty, truncated or foreign file gives a ``ValueError`` that says
-    "... is not a readable course_attn checkpoint" and why. A checkpoint
-    written before the model's names changed comes back with today's names.
+    "... is not a readable course_attn checkpoint" and why; so does one whose
+    parts disagree (:func:`check_model_parts`: a ``model_config`` key that
+    :class:`GPTConfig` does not know, a missing weight, characters that are
+    not the model's vocabulary), naming the file. A checkpoint written before
+    the model's names changed comes back with today's names.
     """
     source = check_path(path, "path")
     check_device(map_location, "map_location", allow_none=False)
@@ -197,25 +290,30 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: str | torch.d
     checkpoint = _read(source, map_location)
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{str(source)!r} is not a course_attn training checkpoint")
-    return check_checkpoint(checkpoint, repr(str(source)), tuple(CHECKPOINT_KEYS))
+    checked = check_checkpoint(checkpoint, repr(str(source)), tuple(CHECKPOINT_KEYS))
+    check_model_parts(checked, repr(str(source)))
+    return checked
 
 
 def model_from_checkpoint(checkpoint: dict[str, Any] | str | os.PathLike[str]
                           ) -> tuple[MiniGPT, CharTokenizer | None]:
-    """Rebuild the trained :class:`MiniGPT` (and its tokenizer, for text runs)."""
+    """Rebuild the trained :class:`MiniGPT` (and its tokenizer, for text runs).
+
+    A checkpoint whose parts disagree is a ``ValueError`` (:func:`check_model_parts`).
+    """
     if not isinstance(checkpoint, dict):
         if not isinstance(checkpoint, str | os.PathLike):
             raise TypeError(f"checkpoint must be a checkpoint dict or a path, got "
                             f"{type(checkpoint).__name__}")
-        checkpoint = load_checkpoint(checkpoint)
-    checkpoint = check_checkpoint(checkpoint, "checkpoint", ("model_config", "model"))
-    try:
-        model = MiniGPT(GPTConfig(**checkpoint["model_config"]))
-    except TypeError as error:  # a key GPTConfig does not know
-        raise ValueError(f"checkpoint['model_config'] is not a GPTConfig: {error}") from None
+        checkpoint = load_checkpoint(checkpoint)  # checked, and named by its file
+        config = GPTConfig(**checkpoint["model_config"])
+    else:
+        checkpoint = check_checkpoint(checkpoint, "checkpoint", ("model_config", "model"))
+        config = check_model_parts(checkpoint, "checkpoint")
+    model = MiniGPT(config)
     try:
         model.load_state_dict(checkpoint["model"])
-    except RuntimeError:
+    except RuntimeError:  # shapes and names were checked: what is left is another dtype
         raise ValueError("checkpoint['model'] does not hold the weights of the model that "
                          "checkpoint['model_config'] describes") from None
     meta = checkpoint.get("meta") or {}

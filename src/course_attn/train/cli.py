@@ -9,21 +9,33 @@ flag. ``--impl`` offers :data:`~course_attn.core.attention.ATTENTION_IMPLS`.
 
 Every mistake in the command line, the files or the settings exits with code
 2 before any training where it can be known then, and no work is lost: the
-output paths are checked first, and the metrics are written before sampling.
+output paths (and the room on their disks) are checked first, and the metrics
+are written before sampling.
+
+Exit codes: 0 done; 2 a mistake in the command line, the files or the settings
+(or a run that diverged); 130 and 143 stopped by SIGINT or SIGTERM;
+74 (:data:`~course_attn.train.outputs.EXIT_WRITE_FAILED`) a file of the run could not
+be written (a disk that filled up, a folder that turned read-only): the last good
+checkpoint is kept, the metrics so far are written where they can be (the
+``--metrics-out`` path, else next to it or to the checkpoint, else the system's
+temporary folder) and the message says where.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
+import os
 import re
 import shlex
 import shutil
 import signal
 import sys
+import threading
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_type_hints
 
@@ -35,7 +47,7 @@ from ..data.tasks import TASKS, make_task
 from ..data.text import CharCorpus, default_corpus, load_text
 from ..env import pick_device
 from ..models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
-from .checkpoint import check_checkpoint_path, load_checkpoint
+from .checkpoint import check_checkpoint_path, check_checkpoint_room, load_checkpoint
 from .distributed import World, world_from_env
 from .loop import (
     BatchSource,
@@ -46,7 +58,7 @@ from .loop import (
     TrainResult,
     train,
 )
-from .outputs import check_metrics_path, same_file, write_metrics
+from .outputs import EXIT_WRITE_FAILED, check_metrics_path, same_file, save_metrics
 from .presets import PRESETS, check_preset_device
 
 __all__ = ["build_parser", "main"]
@@ -105,9 +117,15 @@ examples:
       (two processes, gloo on a CPU, NCCL on GPUs: data parallelism; the global
       batch above is 6 x 1 x 2 = 12, the cpu preset's)
 
-Ctrl-C or SIGTERM stops at the end of the current step: the checkpoint (--out) and
-the metrics so far are written, and the command to resume is printed (exit 130 or
-143). A second Ctrl-C stops at once.
+Ctrl-C or SIGTERM stops at the end of the current step (under torchrun, of the
+step where the processes next read their losses back, within 10 steps): the
+checkpoint (--out) and the metrics so far are written, and the command to resume
+is printed (exit 130 or 143). A second Ctrl-C stops at once.
+
+A disk that fills up or a folder that turns read-only stops the run at the next
+checkpoint with one message and exit code 74: the last good checkpoint is kept,
+and the metrics so far are written (to --metrics-out, else next to it or to the
+checkpoint, else to the system's temporary folder; the message says where).
 
 A resumed run is the same run: give the same data, preset, overrides and seed.
 --max-iters may grow when --lr-decay-iters keeps the learning-rate schedule
@@ -264,6 +282,16 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
                          f"{free:,} bytes free, fewer than the {needed:,} its metrics may take")
 
 
+def _check_room(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                model: MiniGPT) -> None:
+    """Refuse an ``--out`` disk without room for one checkpoint (known once the model is)."""
+    if args.out is not None:
+        try:
+            check_checkpoint_room(Path(args.out), "--out", model)
+        except ValueError as error:
+            parser.error(str(error))
+
+
 def max_iters(args: argparse.Namespace) -> int:
     """The run's ``max_iters``: the flag's, else the preset's."""
     return args.max_iters if args.max_iters is not None else PRESETS[args.preset]["max_iters"]
@@ -318,16 +346,24 @@ def _metrics(args: argparse.Namespace, model: MiniGPT, config: TrainConfig,
     return metrics
 
 
-def _save_metrics(args: argparse.Namespace, metrics: dict[str, Any], world: World) -> str:
-    """Write ``--metrics-out`` (one process does); say where, or why it could not."""
-    if args.metrics_out is None or not world.main:
-        return ""
-    try:
-        write_metrics(args.metrics_out, metrics)
-    except OSError as error:
-        return (f" The metrics could not be written to {args.metrics_out!r}: "
-                f"{error.strerror or error}.")
-    return f" The metrics so far are in {args.metrics_out!r}."
+def _save_metrics(args: argparse.Namespace, metrics: dict[str, Any], world: World, *,
+                  always: bool = False) -> tuple[str, bool]:
+    """Write the metrics (one process does; without ``--metrics-out`` only if ``always``).
+
+    Returns the sentence that says where they are, and whether they are where asked:
+    a path that cannot take them sends them next to it (or to the checkpoint), else
+    to the system's temporary folder (:func:`~course_attn.train.outputs.save_metrics`).
+    """
+    if not world.main or (args.metrics_out is None and not always):
+        return "", True
+    written, failures = save_metrics(metrics, path=args.metrics_out, near=args.out)
+    if written is None:
+        return f" The metrics could not be written anywhere: {', '.join(failures)}.", False
+    if args.metrics_out is not None and failures:
+        return (f" The metrics could not be written to {failures[0]}; they are in "
+                f"{str(written)!r}.", False)
+    elsewhere = f" (not in {', '.join(failures)})" if failures else ""  # folders
+    return f" The metrics so far are in {str(written)!r}{elsewhere}.", True
 
 
 def _resume_command(args: argparse.Namespace, argv: Sequence[str]) -> str:
@@ -342,33 +378,42 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace, model: Min
            meta: dict[str, Any], argv: Sequence[str], world: World) -> TrainResult | int:
     """:func:`~course_attn.train.train`; a run that stops early still writes its metrics.
 
-    Returns the result, or the exit code of a run stopped by a signal (128 + its number).
+    Returns the result, or the exit code of a run stopped early: 128 + the number of
+    the signal that stopped it, or :data:`EXIT_WRITE_FAILED` for a checkpoint that
+    could not be written.
     """
     try:
         return train(model, data, config, checkpoint_path=args.out, resume_from=resume,
                      meta=meta)
     except TrainingInterrupted as error:
-        saved = _save_metrics(args, {**_metrics(args, model, config, error.result, meta),
-                                     "interrupted_at_iter": error.iteration}, world)
+        saved, _ = _save_metrics(args, {**_metrics(args, model, config, error.result, meta),
+                                        "interrupted_at_iter": error.iteration}, world)
         if world.main:
             how = (f" To continue: {_resume_command(args, argv)}"
                    if error.checkpoint_iter is not None else " (no --out: nothing to resume)")
             print(f"python -m course_attn.train: {error}.{saved}{how}", file=sys.stderr)
         return 128 + signal.Signals[error.signal_name].value if error.signal_name.startswith(
             "SIG") else 1
-    except CheckpointWriteError as error:
-        saved = _save_metrics(args, {**_metrics(args, model, config, error.result, meta),
-                                     "stopped_at_iter": len(error.result.train_losses)}, world)
-        print(f"python -m course_attn.train: error: {error}.{saved}", file=sys.stderr)
-        return 1
+    except CheckpointWriteError as error:  # the disk filled up, the folder turned read-only
+        saved, _ = _save_metrics(args, {**_metrics(args, model, config, error.result, meta),
+                                        "stopped_at_iter": len(error.result.train_losses)},
+                                 world, always=True)
+        cure = " Free some space or make the folder writable (or choose another --out)"
+        how = (f"{cure}, then continue: {_resume_command(args, argv)}"
+               if error.checkpoint_iter is not None else f"{cure}, then start again.")
+        if world.main:
+            print(f"python -m course_attn.train: error: {error}.{saved}{how}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
     except TrainingDiverged as error:
-        saved = _save_metrics(args, {**_metrics(args, model, config, error.result, meta),
-                                     "diverged_at_iter": error.iteration}, world)
+        saved, _ = _save_metrics(args, {**_metrics(args, model, config, error.result, meta),
+                                        "diverged_at_iter": error.iteration}, world)
         clip = (f"clip harder (--grad-clip below {config.grad_clip:g})" if config.grad_clip > 0
                 else "clip the gradients (--grad-clip 1)")
         parser.error(f"{error}.{saved} On the command line: lower --lr (now {config.lr:g}) "
                      f"or {clip}")
     except ValueError as error:  # e.g. a checkpoint of another model or run
+        if not world.main:  # every process found the same; one says it
+            raise SystemExit(2) from None
         parser.error(str(error))
 
 
@@ -413,24 +458,92 @@ def main(argv: Sequence[str] | None = None) -> int:
     with torch.random.fork_rng(devices=[]):  # --seed also fixes the initial weights
         torch.manual_seed(config.seed)
         model = MiniGPT(model_config)
+    _check_room(parser, args, model)
     world = world_from_env()
     if world.main:
         processes = f", {world.size} processes" if world.size > 1 else ""
-        print(f"MiniGPT: {model.num_parameters():,} parameters, "
-              f"{model_config.n_layers} layers x {model_config.n_heads} heads, width "
-              f"{model_config.d_model}, context {model_config.context_length}, vocabulary "
-              f"{model_config.vocab_size}; device {device}{processes}")
-    result = _train(parser, args, model, data, config, resume, meta,
-                    sys.argv[1:] if argv is None else argv, world)
-    if isinstance(result, int):
-        return result  # stopped by a signal, or a checkpoint that could not be written
-    # Everything that took time is on disk before anything else can fail: the final
-    # checkpoint (written by train at the last iteration), then the metrics.
-    failed = _save_metrics(args, _metrics(args, model, config, result, meta), world)
-    if "could not" in failed:
-        print(f"python -m course_attn.train: error:{failed} The checkpoint (--out) is "
-              "written.", file=sys.stderr)
-        return 1
-    if world.main:
-        _report(args, model, data, config, result, meta)
+        header = (f"MiniGPT: {model.num_parameters():,} parameters, "
+                  f"{model_config.n_layers} layers x {model_config.n_heads} heads, width "
+                  f"{model_config.d_model}, context {model_config.context_length}, vocabulary "
+                  f"{model_config.vocab_size}; device {device}{processes}")
+        if not _printed(lambda: print(header, flush=True), "before training"):
+            return EXIT_WRITE_FAILED
+    received: list[int] = []  # the signals that came after train()'s own loop
+    with _signals_recorded(received):
+        result = _train(parser, args, model, data, config, resume, meta,
+                        sys.argv[1:] if argv is None else argv, world)
+        if isinstance(result, int):
+            return result  # stopped by a signal, or a checkpoint that could not be written
+        # Everything that took time is on disk before anything else can fail: the final
+        # checkpoint (written by train at the last iteration), then the metrics.
+        saved, where_asked = _save_metrics(args, _metrics(args, model, config, result, meta),
+                                           world)
+    if not where_asked:
+        checkpoint = (f" The final checkpoint is in {args.out!r}." if args.out is not None
+                      else " No checkpoint was asked for (--out).")
+        print(f"python -m course_attn.train: error: the run finished ({config.max_iters} "
+              f"iterations).{saved}{checkpoint}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
+    if received:  # a signal after the last step: the files are written, no sample
+        print(f"python -m course_attn.train: stopped by {signal.Signals(received[0]).name} "
+              f"after training.{saved}", file=sys.stderr)
+        return 128 + received[0]
+    if world.main and not _printed(lambda: _report(args, model, data, config, result, meta),
+                                   "after training (its files are written)"):
+        return EXIT_WRITE_FAILED
     return 0
+
+
+@contextlib.contextmanager
+def _signals_recorded(received: list[int]) -> Iterator[None]:
+    """SIGINT and SIGTERM are recorded in ``received`` until the run's files are written.
+
+    Around :func:`~course_attn.train.train` (whose loop records them the same way) and
+    the writing of the metrics: under ``torchrun`` the first process to stop makes torchrun
+    send SIGTERM to the others, and process 0 must not die before its metrics are written.
+    A second signal stops the process at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers
+        return
+    kinds = (signal.SIGINT, signal.SIGTERM)
+    before = {kind: signal.getsignal(kind) for kind in kinds}
+
+    def record(signum: int, frame: object) -> None:
+        received.append(signum)
+        for kind in kinds:
+            signal.signal(kind, signal.SIG_DFL)
+
+    for kind in kinds:
+        signal.signal(kind, record)
+    try:
+        yield
+    finally:
+        for kind, handler in before.items():
+            signal.signal(kind, handler)
+
+
+def _printed(show: Callable[[], None], when: str) -> bool:
+    """Run ``show`` (it prints to the standard output); on a failed write, say so on the
+    standard error (a redirected output on a full disk, a closed pipe) and return False."""
+    try:
+        show()
+        sys.stdout.flush()
+    except OSError as error:
+        print(f"python -m course_attn.train: error: could not write to the standard output "
+              f"{when}: {error.strerror or error}", file=sys.stderr)
+        _drop_standard_output()
+        return False
+    return True
+
+
+def _drop_standard_output() -> None:
+    """Send what is left of the standard output to ``os.devnull``: Python's own flush at
+    exit would fail on it again, print a second error and exit with 120."""
+    try:
+        handle = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a notebook, a test's capture)
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, handle)
+    os.close(null)

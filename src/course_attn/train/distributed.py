@@ -7,8 +7,16 @@ process group (NCCL on CUDA, gloo on a CPU). Every process holds the whole model
 (``DistributedDataParallel``), draws the same global batch from the same seeded
 stream and trains on its own slice of it; after the backward pass, DDP averages
 the gradients over the processes, so every copy takes the same optimizer step.
-A run on one process with gradient accumulation, or with the whole global batch,
-takes the same steps (``tests/test_distributed.py`` proves it on a CPU).
+
+How far "the same run" holds depends on dropout. With ``dropout=0``, a run on one
+process with gradient accumulation, or with the whole global batch, takes the same
+steps, to float rounding (``tests/test_distributed.py`` proves it on a CPU). With
+dropout on, each process draws its dropout masks from its own stream (seeded
+``seed + rank``), and one process draws the masks of all its micro-batches from one
+stream: the rows and the batches are the same, the masks are not. The steps then
+come from the same distribution but are other steps, and the losses differ by the
+noise of dropout (the same test pins this too). Equal steps would need each row's
+mask to depend on the row alone, which the trainer does not do.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["World", "all_mean", "any_rank", "join", "leave", "micro_batch_rows",
+__all__ = ["World", "all_sum", "any_rank", "join", "leave", "micro_batch_rows",
            "world_from_env"]
 
 
@@ -91,13 +99,14 @@ def leave(world: World) -> None:
         dist.destroy_process_group()
 
 
-def all_mean(value: Tensor, world: World) -> Tensor:
-    """The mean of ``value`` over the processes (every process gets it); itself on one."""
+def all_sum(value: Tensor, world: World) -> Tensor:
+    """The sum of ``value`` over the processes, element by element (every process gets it);
+    itself on one. The trainer sums its pending losses and stop flag in one call."""
     if world.size == 1:
         return value
     total = value.detach().clone()
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return total / world.size
+    return total
 
 
 def any_rank(flag: bool, world: World, device: torch.device) -> bool:

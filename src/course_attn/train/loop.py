@@ -49,6 +49,7 @@ from .checkpoint import CHECKPOINT_FORMAT as CHECKPOINT_FORMAT  # re-exported
 from .checkpoint import (
     HISTORY,
     check_checkpoint_path,
+    check_checkpoint_room,
     is_plain,
     load_checkpoint,
     model_from_checkpoint,
@@ -56,7 +57,7 @@ from .checkpoint import (
     save_checkpoint,
     training_state,
 )
-from .distributed import all_mean, any_rank, join, leave, micro_batch_rows, world_from_env
+from .distributed import all_sum, any_rank, join, leave, micro_batch_rows, world_from_env
 from .hardware import GPU_PEAK_FLOPS, gpu_peak_flops
 from .outputs import METRICS_FORMAT
 from .presets import PRESETS, check_preset_device
@@ -184,6 +185,9 @@ class TrainConfig:
     Each optimizer step sums the gradients of ``grad_accum`` micro-batches of
     ``batch_size`` sequences on each of the run's processes (one, or N under
     ``torchrun --nproc_per_node=N``): a global batch of ``batch_size * grad_accum * N``.
+    Other splits of one global batch take the same steps with ``dropout=0`` only;
+    with dropout, each process draws its own masks, so the steps are alike in
+    distribution, not equal (:mod:`course_attn.train.distributed`).
     ``seed`` is an int in ``[0, 2**63 - 1]``. Every ``eval_interval``
     iterations (and at the end) the mean loss over ``eval_iters`` batches of
     each split is recorded. The training losses
@@ -350,6 +354,11 @@ def learning_rate(it: int, config: TrainConfig) -> float:
         raise ValueError(f"it must be an iteration index >= 0, got {it}")
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    return _scheduled_lr(it, config)
+
+
+def _scheduled_lr(it: int, config: TrainConfig) -> float:
+    """:func:`learning_rate` without the checks, for the loop (checked once, at the door)."""
     min_lr = config.lr / 10 if config.min_lr is None else config.min_lr
     decay_iters = config.max_iters if config.lr_decay_iters is None else config.lr_decay_iters
     if it < config.warmup_iters:
@@ -491,6 +500,9 @@ class TrainingInterrupted(Exception):
     ``iteration`` (the last step done), ``signal_name`` and ``checkpoint_iter`` (the
     iteration of the checkpoint on disk, or ``None``). A second signal stops the process
     at once. Resuming from the checkpoint repeats the uninterrupted run (chapter 11).
+    Several processes stop together after the step of their next read-back (every
+    ``log_interval`` steps), where they agree at no extra cost; asking them after every
+    step would make each step wait for the GPU.
     """
 
     def __init__(self, message: str, *, result: TrainResult, iteration: int,
@@ -598,12 +610,17 @@ class _Run:
         self.dtype = amp_dtype(self.device, amp=config.amp)
         # fp16 gradients underflow without scaling; bf16 and float32 need none (a no-op then).
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
+        self.autocast = _autocast(self.device, self.dtype)  # made once, entered every step
         self.generator = torch.Generator().manual_seed(config.seed)  # data order (CPU, saveable)
-        torch.manual_seed(config.seed + self.world.rank)  # dropout: each process its own
+        # Dropout: each process its own stream. So N processes repeat one process's steps
+        # (accumulating N micro-batches) only without dropout: with it, the rows are the
+        # same and the masks are not (see course_attn.train.distributed).
+        torch.manual_seed(config.seed + self.world.rank)
         # Every process draws the same global batch and trains on its slices (_step).
         self.objective = _objective(
             model, data, config.batch_size * config.grad_accum * self.world.size)
         self.stop: list[int] = []  # the signals received (SIGINT, SIGTERM)
+        self.stop_agreed = False  # several processes: whether any had one at the read-back
         self.result = TrainResult(n_params=_num_parameters(model), device=str(self.device))
         self.start = 0  # the first iteration: 0, or the checkpoint's when resuming
         self.pending: list[Tensor] = []  # this stretch's losses, still on the device
@@ -645,35 +662,52 @@ class _Run:
                 done = it + 1
                 evaluate = done % config.eval_interval == 0 or done == config.max_iters
                 warm_up = done == self.start + 1 and not evaluate
-                if evaluate or warm_up or done % config.log_interval == 0:
+                read = evaluate or warm_up or done % config.log_interval == 0
+                if read:
                     self._read_back(done, timed=not warm_up)
                 if evaluate:
                     self._evaluate(done)
-                if any_rank(bool(self.stop), self.world, self.device):  # all stop together
+                # One process: the signal it got. Several: the one they agreed on at the
+                # read-back, so that all stop after the same step.
+                if self.stop_agreed if self.world.size > 1 else self.stop:
                     raise self._interrupted(done, evaluated=evaluate)
         self._finish()
         return self.result
 
     def _step(self, step_model: Callable[..., Any], it: int) -> None:
-        """One optimizer step on one batch; its loss stays on the device (no sync)."""
+        """One optimizer step on one batch; its loss stays on the device (no sync).
+
+        Nothing here is checked, made or read back that the step does not need: the
+        settings were checked once (``TrainConfig``), the autocast context is made once,
+        and the loss is this process's own (averaged over the processes at the read-back,
+        :meth:`_read_back`). On a GPU each tensor operation costs the host a few
+        microseconds, and each read-back makes it wait for the device.
+        """
         config, optimizer, scaler = self.config, self.optimizer, self.scaler
-        lr = learning_rate(it, config)
+        lr = _scheduled_lr(it, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
         # The global batch, drawn alike by every process; this one trains on its slices.
         batch = self.objective.batch("train", self.generator, self.device)  # (G, ...)
         optimizer.zero_grad(set_to_none=True)
         accum, world = config.grad_accum, self.world
-        loss = torch.zeros((), device=self.device)
+        losses: list[Tensor] = []
         for k in range(accum):
             micro = _rows(batch, micro_batch_rows(world, k, config.batch_size))  # (B, ...)
             last = k == accum - 1  # DDP averages the gradients once, after the last one
             with (contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()):
-                with _autocast(self.device, self.dtype):
-                    micro_loss = self.objective.loss(step_model, micro) / accum
+                with self.autocast:
+                    micro_loss = self.objective.loss(step_model, micro)
+                    if accum > 1:  # (x / 1 is x: one kernel less, forward and backward)
+                        # The mean of the micro-batches' mean losses: the mean over the
+                        # global batch's tokens only because every micro-batch counts as
+                        # many tokens (B x T of next-token text, B x tgt_len of seq2seq).
+                        micro_loss = micro_loss / accum
                 scaler.scale(micro_loss).backward()  # gradients add up over micro-batches
-            loss = loss + micro_loss.detach()
-        loss = all_mean(loss, world)  # every process reports the same loss
+            losses.append(micro_loss.detach())
+        loss = losses[0]
+        for later in losses[1:]:  # added in order: the same bits as the sum from 0 was
+            loss = loss + later
         if config.grad_clip > 0:
             scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
@@ -683,8 +717,18 @@ class _Run:
         self.pending_lrs.append(lr)
 
     def _read_back(self, done: int, *, timed: bool) -> None:
-        """Fetch the pending losses (the host waits for the device here), then time the stretch."""
-        values = torch.stack(self.pending).tolist() if self.pending else []
+        """Fetch the pending losses (the host waits for the device here), then time the stretch.
+
+        Under several processes, one all-reduce here averages each step's loss over them
+        (every process reports the same losses) and tells them whether any got a signal.
+        """
+        if self.world.size > 1:
+            flag = torch.full((), float(bool(self.stop)), device=self.device)
+            summed = all_sum(torch.stack([*self.pending, flag]), self.world)  # (n + 1,)
+            values = (summed[:-1] / self.world.size).tolist()
+            self.stop_agreed = bool(summed[-1] > 0)
+        else:
+            values = torch.stack(self.pending).tolist() if self.pending else []
         lrs = self.pending_lrs[:]
         self.pending.clear()
         self.pending_lrs.clear()
@@ -731,11 +775,27 @@ class _Run:
         self.model.train()  # the callback may have left it in eval mode
 
     def _save(self, done: int) -> None:
+        """Write the checkpoint of iteration ``done`` (process 0); every process learns if it
+        could not be written, and all of them stop together (none waits for the others)."""
         if not _weights_finite(self.model):  # never overwrite good weights with bad ones
             raise self._diverged(done, float("nan"),
                                  f"the weights after iteration {done} are not all finite")
-        if not self.world.main:  # one process writes; the others hold the same weights
-            return
+        # One process writes (the others hold the same weights) and tells the others.
+        failed = self._write_checkpoint(done) if self.world.main else None
+        if any_rank(failed is not None, self.world, self.device):
+            self._finish()
+            kept = (f"the checkpoint of iteration {self.saved_iter} is kept there"
+                    if self.saved_iter is not None else "no checkpoint of this run was written")
+            reason = (f"{failed.strerror or failed}" if failed is not None
+                      else "process 0 could not write it")
+            raise CheckpointWriteError(
+                f"could not write the checkpoint {str(self.checkpoint_path)!r} after iteration "
+                f"{done}: {reason}; {kept}", result=self.result,
+                checkpoint_iter=self.saved_iter)
+        self.saved_iter = done
+
+    def _write_checkpoint(self, done: int) -> OSError | None:
+        """Save the run after iteration ``done``; the ``OSError`` if it could not be written."""
         history = {name: getattr(self.result, name) for name in HISTORY}
         assert isinstance(self.model, MiniGPT)  # train() refuses checkpoints for the others
         checkpoint = training_state(
@@ -743,17 +803,11 @@ class _Run:
             optimizer=self.optimizer, scaler=self.scaler, generator=self.generator,
             device=self.device, iteration=done, history=history, meta=self.meta)
         assert self.checkpoint_path is not None  # _save runs only with a path
-        try:
+        try:  # save_checkpoint's one writer makes every failure an OSError with its cause
             save_checkpoint(self.checkpoint_path, checkpoint)
         except OSError as error:
-            self._finish()
-            kept = (f"the checkpoint of iteration {self.saved_iter} is kept there"
-                    if self.saved_iter is not None else "no checkpoint of this run was written")
-            raise CheckpointWriteError(
-                f"could not write the checkpoint {str(self.checkpoint_path)!r} after iteration "
-                f"{done}: {error.strerror or error}; {kept}", result=self.result,
-                checkpoint_iter=self.saved_iter) from None
-        self.saved_iter = done
+            return error
+        return None
 
     def _finish(self) -> None:
         self.bar.close()
@@ -841,9 +895,10 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     MiniGPT only (a ``ValueError`` for an EncoderDecoder).
 
     ``checkpoint_path`` saves a checkpoint after every evaluation and at the
-    end; it is checked before training starts (a folder, a missing or
-    unwritable folder, or an existing file that is not a checkpoint is refused,
-    so the training text is never overwritten).
+    end; it is checked before training starts (a folder, a missing or unwritable
+    folder, a disk without room for one, or an existing file that is not a
+    checkpoint is refused, so the training text is never overwritten). A write
+    that fails later stops the run: :class:`CheckpointWriteError`.
 
     ``resume_from`` (a checkpoint or its path) restores the weights, the
     optimizer, the iteration count, the loss history and every random state,
@@ -857,9 +912,8 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     checkpoint; on resume, the checkpoint's meta is kept and updated with it.
 
     A non-finite training loss stops the run (found at the read-back every
-    ``log_interval`` iterations; the first bad iteration is named):
-    :class:`TrainingDiverged` carries the result so far, and the checkpoint on
-    disk stays the last one with finite weights.
+    ``log_interval`` iterations; the first bad iteration is named): a
+    :class:`TrainingDiverged` with the result so far; the checkpoint stays the last good one.
 
     ``on_eval(iteration, model, result)`` is called after every evaluation and
     its checkpoint (chapter 11 prints a sample there). It changes nothing about
@@ -874,8 +928,9 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
         checkpoint, meta = check_resume(resume_from, dataclasses.asdict(model.config),
                                         dataclasses.asdict(config), meta,
                                         world_size=world_from_env().size)
-    if checkpoint_path is not None:
-        check_checkpoint_path(checkpoint_path, "checkpoint_path")
+    if checkpoint_path is not None:  # the path, and room on its disk for one checkpoint
+        check_checkpoint_room(check_checkpoint_path(checkpoint_path, "checkpoint_path"),
+                              "checkpoint_path", model)
     run = _Run(model, data, config, checkpoint_path=checkpoint_path,
                meta={**meta, "world_size": world_from_env().size}, on_eval=on_eval)
     try:

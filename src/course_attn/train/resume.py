@@ -62,11 +62,15 @@ def _setting_differences(stored: dict[str, Any], config: dict[str, Any], *,
     differences = []
     old_batch, new_batch = _global_batch(stored, stored_world), _global_batch(config, world)
     if old_batch != new_batch:
+        # Every process trains on batch_size x grad_accum rows of each step's global batch.
+        split = (f" ({old_batch} rows cannot be split over {world} processes: resume on "
+                 f"a number of processes that divides {old_batch})"
+                 if isinstance(old_batch, int) and old_batch % world else "")
         differences.append(
             f"the global batch (batch_size x grad_accum x processes): "
             f"{stored.get('batch_size')} x {stored.get('grad_accum', 1)} x {stored_world} = "
             f"{old_batch} in the checkpoint, {config.get('batch_size')} x "
-            f"{config.get('grad_accum', 1)} x {world} = {new_batch} now")
+            f"{config.get('grad_accum', 1)} x {world} = {new_batch} now{split}")
     for key, value in config.items():
         if key in RESUME_MAY_CHANGE or key in ("max_iters", "lr_decay_iters", "batch_size",
                                                "grad_accum"):
