@@ -152,9 +152,10 @@ run_nanogpt() {
 
 summary() {
   local sdpa triton nano
-  sdpa=$(cat "$TMP/ms-sdpa" 2>/dev/null || echo nan)
-  triton=$(cat "$TMP/ms-triton" 2>/dev/null || echo nan)
-  nano=$(cat "$TMP/ms-nanogpt" 2>/dev/null || echo nan)
+  # a run cut by its timeout leaves an empty file: nan, not a crash of the summary
+  sdpa=$( [ -s "$TMP/ms-sdpa" ] && cat "$TMP/ms-sdpa" || echo nan)
+  triton=$( [ -s "$TMP/ms-triton" ] && cat "$TMP/ms-triton" || echo nan)
+  nano=$( [ -s "$TMP/ms-nanogpt" ] && cat "$TMP/ms-nanogpt" || echo nan)
   "$PY" - "$sdpa" "$triton" "$nano" "$ITERS" <<'EOF'
 import sys
 sdpa, triton, nano = (float(x) for x in sys.argv[1:4])
