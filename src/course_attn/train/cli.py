@@ -24,7 +24,6 @@ temporary folder) and the message says where.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import os
@@ -33,9 +32,8 @@ import shlex
 import shutil
 import signal
 import sys
-import threading
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_type_hints
 
@@ -56,6 +54,7 @@ from .loop import (
     TrainingDiverged,
     TrainingInterrupted,
     TrainResult,
+    signals_recorded,
     train,
 )
 from .outputs import EXIT_WRITE_FAILED, check_metrics_path, same_file, save_metrics
@@ -469,7 +468,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not _printed(lambda: print(header, flush=True), "before training"):
             return EXIT_WRITE_FAILED
     received: list[int] = []  # the signals that came after train()'s own loop
-    with _signals_recorded(received):
+    # Around train() (whose loop records them the same way) and the writing of the metrics:
+    # under torchrun the first process to stop makes torchrun send SIGTERM to the others,
+    # and process 0 must not die before its metrics are written.
+    with signals_recorded(received):
         result = _train(parser, args, model, data, config, resume, meta,
                         sys.argv[1:] if argv is None else argv, world)
         if isinstance(result, int):
@@ -492,35 +494,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    "after training (its files are written)"):
         return EXIT_WRITE_FAILED
     return 0
-
-
-@contextlib.contextmanager
-def _signals_recorded(received: list[int]) -> Iterator[None]:
-    """SIGINT and SIGTERM are recorded in ``received`` until the run's files are written.
-
-    Around :func:`~course_attn.train.train` (whose loop records them the same way) and
-    the writing of the metrics: under ``torchrun`` the first process to stop makes torchrun
-    send SIGTERM to the others, and process 0 must not die before its metrics are written.
-    A second signal stops the process at once.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers
-        return
-    kinds = (signal.SIGINT, signal.SIGTERM)
-    before = {kind: signal.getsignal(kind) for kind in kinds}
-
-    def record(signum: int, frame: object) -> None:
-        received.append(signum)
-        for kind in kinds:
-            signal.signal(kind, signal.SIG_DFL)
-
-    for kind in kinds:
-        signal.signal(kind, record)
-    try:
-        yield
-    finally:
-        for kind, handler in before.items():
-            signal.signal(kind, handler)
 
 
 def _printed(show: Callable[[], None], when: str) -> bool:

@@ -543,7 +543,7 @@ def _check_stop(message: object, result: object, checkpoint_iter: object) -> Non
 
 
 @contextlib.contextmanager
-def _stop_on_signals(stop: list[int]) -> Iterator[None]:
+def signals_recorded(stop: list[int]) -> Iterator[None]:
     """Record SIGINT or SIGTERM in ``stop`` instead of dying; a second one kills at once."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers (a run in a worker thread: none)
@@ -656,7 +656,7 @@ class _Run:
         self.bar = tqdm(range(self.start, config.max_iters), initial=self.start,
                         total=config.max_iters, desc="train", leave=True,
                         disable=not (config.progress and self.world.main))
-        with _stop_on_signals(self.stop):
+        with signals_recorded(self.stop):
             for it in self.bar:
                 self._step(step_model, it)
                 done = it + 1
