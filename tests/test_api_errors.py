@@ -371,6 +371,10 @@ case("EncoderDecoder.greedy_decode", "prompt_attention_mask", ValueError,
      lambda: ED.greedy_decode(IDX, IDX, 2, prompt_attention_mask=RIGHT_PADDED))
 case("EncoderDecoder.greedy_decode", "src_attention_mask", ValueError,
      lambda: ED.greedy_decode(IDX, IDX, 2, src_attention_mask=_bool(2, 5)))
+case("EncoderDecoder.greedy_decode", "memory_attention_mask", TypeError,
+     lambda: ED.greedy_decode(IDX, IDX, 2, memory_attention_mask=IDX))
+case("EncoderDecoder.greedy_decode", "memory_attention_mask", ValueError,
+     lambda: ED.greedy_decode(IDX, IDX, 2, memory_attention_mask=_bool(2, 5)))
 case("positions_from_attention_mask", "attention_mask", TypeError,
      lambda: positions_from_attention_mask([[True]]))
 case("positions_from_attention_mask", "attention_mask", ValueError,

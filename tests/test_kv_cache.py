@@ -256,6 +256,44 @@ def test_greedy_decoding_is_identical_with_and_without_the_cache():
     assert torch.equal(alone[0], cached[1, 2:])
 
 
+def _greedy_by_hand(model: EncoderDecoder, memory: torch.Tensor,
+                    memory_mask: torch.Tensor, prompt: torch.Tensor, n: int) -> torch.Tensor:
+    """Greedy decoding through the Decoder alone, the whole target at every step."""
+    tokens = prompt
+    for _ in range(n):
+        logits = model.decoder(tokens, memory, memory_attention_mask=memory_mask)  # (B, T, V)
+        tokens = torch.cat([tokens, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    return tokens
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_the_memory_mask_reaches_cross_attention_and_never_the_encoder(use_cache):
+    """``memory_attention_mask`` is cross-attention's mask; the encoder keeps the source mask."""
+    model = _model()
+    g = torch.Generator().manual_seed(13)
+    src, src_mask = torch.randint(9, (4, 6), generator=g), padding_mask([6, 3, 5, 2])
+    wrong = padding_mask([6, 4, 6, 3])  # one padded key more, except in the full row 0
+    prompt = torch.randint(10, (4, 1), generator=g)
+    memory = model.encoder(src, src_mask)  # (B, T_s, D) the true encoder output
+
+    def decode(**masks):
+        return model.greedy_decode(src, prompt, 8, use_cache=use_cache, **masks)
+
+    default = decode(src_attention_mask=src_mask)  # cross-attention reads the source mask
+    assert torch.equal(default, _greedy_by_hand(model, memory, src_mask, prompt, 8))
+    assert torch.equal(decode(src_attention_mask=src_mask, memory_attention_mask=src_mask),
+                       default)
+    crossed = decode(src_attention_mask=src_mask, memory_attention_mask=wrong)
+    assert torch.equal(crossed, _greedy_by_hand(model, memory, wrong, prompt, 8))
+    both = decode(src_attention_mask=wrong)  # the wrong mask in the encoder too
+    assert torch.equal(both, _greedy_by_hand(model, model.encoder(src, wrong), wrong, prompt, 8))
+    assert not torch.equal(crossed, default) and not torch.equal(crossed, both)
+    assert torch.equal(crossed[0], default[0])  # row 0's masks are equal
+    unmasked = decode(memory_attention_mask=src_mask)  # no mask in the encoder
+    assert torch.equal(unmasked, _greedy_by_hand(model, model.encoder(src), src_mask,
+                                                 prompt, 8))
+
+
 def test_kv_cache_grows_resets_and_rejects_mismatches():
     cache = KVCache()
     assert cache.length == 0

@@ -180,6 +180,36 @@ def test_estimate_loss_of_the_encoder_decoder_is_its_seq2seq_loss():
     assert losses["val"] == pytest.approx(expected, rel=1e-6)
 
 
+def test_greedy_answers_give_each_mask_where_it_belongs():
+    """``memory_attention_mask`` to cross-attention only, ``src_attention_mask`` to both."""
+    torch.manual_seed(3)
+    model = model_for(TASK).double().eval()
+    batch = draw(TASK, batch_size=16, seed=2)
+    true = batch.src_attention_mask
+    lengths = true.sum(dim=1)
+    wrong = torch.arange(TASK.src_len) < (lengths + 1).clamp(max=TASK.src_len)[:, None]
+    bos = torch.full((16, 1), BOS, dtype=torch.long)
+    n = batch.tgt_out.shape[1]
+
+    def decode(**masks):
+        return model.greedy_decode(batch.src, bos, n, **masks)[:, 1:]
+
+    default = greedy_answers(model, batch)
+    assert torch.equal(default, decode(src_attention_mask=true))
+    assert torch.equal(greedy_answers(model, batch, memory_attention_mask=true), default)
+    crossed = greedy_answers(model, batch, memory_attention_mask=wrong)
+    assert torch.equal(crossed, decode(src_attention_mask=true, memory_attention_mask=wrong))
+    assert torch.equal(crossed, greedy_answers(model, batch, use_cache=False,
+                                               memory_attention_mask=wrong))
+    both = greedy_answers(model, batch, src_attention_mask=wrong)  # as before: in both
+    assert torch.equal(both, decode(src_attention_mask=wrong, memory_attention_mask=wrong))
+    assert not torch.equal(crossed, default) and not torch.equal(crossed, both)
+    with pytest.raises(TypeError, match="memory_attention_mask must be a torch.bool"):
+        greedy_answers(model, batch, memory_attention_mask=wrong.long())
+    with pytest.raises(ValueError, match="memory_attention_mask must have shape"):
+        greedy_answers(model, batch, memory_attention_mask=batch.tgt_attention_mask)
+
+
 @dataclass(frozen=True)
 class OneBatch(ReverseTask):
     """Always the same batch: the model can memorise it."""

@@ -224,13 +224,19 @@ def seq2seq_loss(model: Callable[..., Tensor], batch: Seq2SeqBatch) -> Tensor:
 
 def greedy_answers(model: EncoderDecoder, batch: Seq2SeqBatch, *,
                    src_attention_mask: Tensor | None = None,
+                   memory_attention_mask: Tensor | None = None,
                    use_cache: bool = True) -> Tensor:
     """Greedy-decode the answers of ``batch`` -> ``(B, T_t)``, the tokens after ``BOS``.
 
     The decoder starts from ``BOS`` alone and runs ``T_t`` steps (the longest
-    answer and its ``EOS``). ``src_attention_mask`` replaces the batch's own,
-    to measure what a wrong cross-attention mask costs (chapter 8); it must
-    have the shape of ``batch.src``.
+    answer and its ``EOS``). Both masks are ``(B, T_s)`` bool, of the shape of
+    ``batch.src``, and replace the batch's own ``batch.src_attention_mask`` where
+    given: ``src_attention_mask`` in the encoder (and in cross-attention, unless
+    ``memory_attention_mask`` is given), ``memory_attention_mask`` in the decoder's
+    cross-attention only. So ``memory_attention_mask=wrong`` measures what a wrong
+    cross-attention mask costs while the encoder keeps the right one (the source
+    article's bug, chapter 8), and ``src_attention_mask=wrong`` what it costs when the
+    encoder gets it too (see :meth:`EncoderDecoder.greedy_decode`).
     """
     model = _check_model(model)
     batch = _check_batch(batch)
@@ -239,8 +245,9 @@ def greedy_answers(model: EncoderDecoder, batch: Seq2SeqBatch, *,
     if src_attention_mask is not None:
         mask = check_token_mask(src_attention_mask, "src_attention_mask", batch.src.shape)
     bos = torch.full((batch.src.shape[0], 1), BOS, dtype=torch.long, device=batch.src.device)
-    out = model.greedy_decode(batch.src, bos, batch.tgt_out.shape[1],
-                              src_attention_mask=mask, use_cache=use_cache)  # (B, 1 + T_t)
+    out = model.greedy_decode(batch.src, bos, batch.tgt_out.shape[1], src_attention_mask=mask,
+                              memory_attention_mask=memory_attention_mask,  # its door checks it
+                              use_cache=use_cache)  # (B, 1 + T_t)
     return out[:, 1:]
 
 

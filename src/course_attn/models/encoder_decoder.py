@@ -229,6 +229,7 @@ class EncoderDecoder(nn.Module):
     @torch.no_grad()
     def greedy_decode(self, src: Tensor, prompt: Tensor, max_new_tokens: int, *,
                       src_attention_mask: Tensor | None = None,
+                      memory_attention_mask: Tensor | None = None,
                       prompt_attention_mask: Tensor | None = None,
                       use_cache: bool = True) -> Tensor:
         """Extend ``prompt (B, T_p)`` by ``max_new_tokens`` greedy tokens -> ``(B, T_p + n)``.
@@ -245,21 +246,33 @@ class EncoderDecoder(nn.Module):
         :func:`~course_attn.models.decoding.decode`, shared with ``MiniGPT.generate``).
         ``max_new_tokens=0`` returns the prompt. The arguments are checked once,
         before the loop; each step runs the decoder, which trusts its parent.
+
+        Two source masks, ``(B, T_s)`` bool, ``True`` on real source tokens:
+        ``src_attention_mask`` goes to the encoder's self-attention, and
+        ``memory_attention_mask`` to every decoder layer's cross-attention over the
+        encoder output. ``memory_attention_mask=None`` (the default) means
+        ``src_attention_mask``, the right mask for both; a different one changes only
+        what cross-attention may read, never the encoder output (chapter 8 measures the
+        source article's wrong cross-attention mask this way).
         """
         n_new = check_nonnegative_int(max_new_tokens, "max_new_tokens")
         check_bool(use_cache, "use_cache")
         memory = self.encoder(src, src_attention_mask)  # (B, T_s, D); the encoder's door
         src_attention_mask = None if src_attention_mask is None else src_attention_mask.to(
             src.device)
-        mask = self._check_prompt(prompt, memory, prompt_attention_mask, src_attention_mask,
-                                  n_new)
+        if memory_attention_mask is None:  # cross-attention reads what the encoder read
+            memory_attention_mask = src_attention_mask
+        else:
+            memory_attention_mask = check_token_mask(
+                memory_attention_mask, "memory_attention_mask", memory.shape[:2]).to(src.device)
+        mask = self._check_prompt(prompt, memory, prompt_attention_mask, n_new)
 
         # the memory's keys and values: projected at the first step, read at every later one
         cross_caches = self.decoder.new_cross_caches() if use_cache else None
 
         def step(tokens: Tensor, mask: Tensor | None, caches: list[KVCache] | None) -> Tensor:
             return self.decoder(tokens, memory, tgt_attention_mask=mask,
-                                memory_attention_mask=src_attention_mask, caches=caches,
+                                memory_attention_mask=memory_attention_mask, caches=caches,
                                 cross_caches=cross_caches)
 
         with trusting(self.decoder):
@@ -267,7 +280,7 @@ class EncoderDecoder(nn.Module):
                           n_layers=len(self.decoder.blocks) if use_cache else None)
 
     def _check_prompt(self, prompt: object, memory: Tensor, prompt_attention_mask: object,
-                      src_attention_mask: Tensor | None, n_new: int) -> Tensor | None:
+                      n_new: int) -> Tensor | None:
         """Check the prompt and its mask; return the mask of real tokens ``(B, T_p)`` or None."""
         prompt = check_token_ids(prompt, "prompt", self.config.tgt_vocab_size)
         check_on_model_device(self, prompt, "prompt")
