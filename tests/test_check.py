@@ -236,3 +236,16 @@ def test_the_registry_names_every_check_once_with_its_signature():
                                                         check.CHECKS[name].__doc__ or "")
                for name in check.CHECKS)
     assert isinstance(check.softmax(SOLUTIONS["softmax"]), CheckResult)
+
+
+def test_the_references_pass_under_the_perturbed_numerics_of_make_nbval_perturbed():
+    # A solution cell in a notebook runs its check under tools/perturbed (random draws and
+    # gradients nudged): a correct solution must still pass there.
+    code = (f"exec(open({str(ROOT / 'tools/perturbed/perturb_numerics.py')!r}).read())\n"
+            "import check_solutions as s\n"
+            "from course_attn import check\n"
+            "print([n for n, fn in s.SOLUTIONS.items() if not check.CHECKS[n](fn).passed])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=ROOT / "tests", timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

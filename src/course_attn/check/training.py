@@ -206,6 +206,9 @@ def _step_body(run: Run, fn: Callable[..., Any]) -> None:
         ])
         run.passed(case)
         previous.append(ref_update)
+        with torch.no_grad():  # the next step starts from the reference's parameters: a
+            for p, r in zip(mine.parameters(), reference.parameters(), strict=True):
+                p.copy_(r)  # perturbed run's nudged gradients must not move its loss
 
     previous: list[Tensor] = []  # the reference's last update (what a stale gradient adds)
     check(STEP_PLAN[0], "a MiniGPT (1 layer, 2 heads, width 16, float64), SGD lr 0.5, a copy "
