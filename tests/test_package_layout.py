@@ -1,8 +1,9 @@
 """The package reads like the chapters (issue 23): its layout, imports and names.
 
 * every module sits in the folder of its part of the course, and imports only from its
-  own part or from the parts below it (core <- modern <- models <- data <- train <- lab),
-  so there is no import circle;
+  own part or from the parts below it (core <- modern <- models <- data <- train <- lab
+  <- check, the learner's checks, which hold a learner's code to any part), so there is no
+  import circle;
 * no module imports another module's private name, and no notebook calls, defines or
   overrides a name that starts with ``_`` on a package object;
 * every public name says in its docstring which chapter explains it;
@@ -26,7 +27,7 @@ import course_attn
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "course_attn"
 #: The parts of the course, lowest first: a module may import from its own part or below.
-PARTS = ("", "core", "modern", "models", "data", "train", "lab")
+PARTS = ("", "core", "modern", "models", "data", "train", "lab", "check")
 #: Top-level modules that only give a command of a part its short name (python -m ...).
 ENTRY_POINTS = {"sample": "train"}
 

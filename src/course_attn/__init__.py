@@ -90,6 +90,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainingDiverged",
+    "check",
     "default_corpus",
     "diagrams",
     "measure",
@@ -190,4 +191,8 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module(f".lab.{name}", __name__)
+    if name == "check":  # the learner's checks (Chapters 1-11): loaded when a chapter asks
+        import importlib
+
+        return importlib.import_module(".check", __name__)
     raise AttributeError(f"module 'course_attn' has no attribute {name!r}")

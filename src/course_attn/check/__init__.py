@@ -1,0 +1,162 @@
+"""Check your own attention: the learner's code against the course's (Chapters 1-11).
+
+Each check takes the function (or, for a layer, the class) a learner wrote for one idea
+of the course, runs it on the chapter's examples and then on seeded random cases against
+the package's reference, and returns a :class:`CheckResult`. Printed, it says in a few
+lines that the code passed and what was checked, or shows the first failure: the input,
+what was expected, what came, and a hint that names the idea and the chapter's section.
+A function that still raises ``NotImplementedError`` is "not written yet", and the result
+lists what the check will test::
+
+    from course_attn import check
+
+    def my_softmax(x, temperature=1.0):
+        raise NotImplementedError
+
+    print(check.softmax(my_softmax))
+
+Every check runs on the CPU, in well under two seconds, leaves torch's random generator
+as it found it and prints nothing that depends on the machine. ``python -m
+course_attn.check FILE.py`` runs every check whose name (``NAMES``) the learner's file
+defines.
+
+The checks, by chapter (what the learner writes, in brackets):
+
+* 1 ``softmax`` (``fn(x, temperature=1.0)``), ``attention_pool`` (``fn(x, query)``)
+* 2 ``self_attention`` (``fn(x, similarity="dot")``)
+* 3 ``qkv_projection`` (``fn(x, w_q, w_k, w_v)``), ``self_attention_layer``
+  (``cls(d_in, d_out)``)
+* 4 ``attention_scores`` (``fn(q, k)``), ``attention`` (``fn(q, k, v)``)
+* 5 ``causal_mask`` (``fn(t_q, t_k)``), ``padding_mask`` (``fn(lengths, max_len,
+  side=)``), ``masked_attention`` (``fn(q, k, v, mask)``)
+* 6 ``split_heads`` (``fn(x, n_heads)``), ``merge_heads`` (``fn(x)``),
+  ``multi_head_attention`` (``cls(d_model, n_heads)``)
+* 7 ``pre_norm_block`` (``fn(x, attn, ff, norm1, norm2)``), ``sinusoidal_table``
+  (``fn(context_length, d_model)``)
+* 8 ``kv_cache_step`` (``fn(cache_k, cache_v, q, k, v)``), ``positions``
+  (``fn(attention_mask)``)
+* 9 ``online_merge`` (``fn(m_a, l_a, acc_a, m_b, l_b, acc_b)``), ``tile_step``
+  (``fn(m, l, acc, q, k, v)``)
+* 10 ``rope`` (``fn(x, positions)``), ``rope_attention`` (``fn(q, k, v, positions)``),
+  ``sliding_window_mask`` (``fn(t, window)``)
+* 11 ``next_token_loss`` (``fn(logits, targets)``), ``training_step`` (``fn(model,
+  optimizer, x, y)``)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .basics import (
+    attention,
+    attention_pool,
+    attention_scores,
+    qkv_projection,
+    self_attention,
+    self_attention_layer,
+    softmax,
+)
+from .decoding import kv_cache_step, positions
+from .efficient import online_merge, tile_step
+from .heads import merge_heads, multi_head_attention, pre_norm_block, sinusoidal_table, split_heads
+from .masks import causal_mask, masked_attention, padding_mask
+from .modern import rope, rope_attention, sliding_window_mask
+from .report import CheckResult, Failure
+from .training import next_token_loss, training_step
+
+__all__ = [
+    "CHECKS",
+    "NAMES",
+    "SIGNATURES",
+    "CheckResult",
+    "Failure",
+    "attention",
+    "attention_pool",
+    "attention_scores",
+    "causal_mask",
+    "kv_cache_step",
+    "masked_attention",
+    "merge_heads",
+    "multi_head_attention",
+    "next_token_loss",
+    "online_merge",
+    "padding_mask",
+    "positions",
+    "pre_norm_block",
+    "qkv_projection",
+    "rope",
+    "rope_attention",
+    "self_attention",
+    "self_attention_layer",
+    "sinusoidal_table",
+    "sliding_window_mask",
+    "softmax",
+    "split_heads",
+    "tile_step",
+    "training_step",
+]
+
+#: Every check by its name, in the order of the chapters.
+CHECKS: dict[str, Callable[..., CheckResult]] = {
+    "softmax": softmax,
+    "attention_pool": attention_pool,
+    "self_attention": self_attention,
+    "qkv_projection": qkv_projection,
+    "self_attention_layer": self_attention_layer,
+    "attention_scores": attention_scores,
+    "attention": attention,
+    "causal_mask": causal_mask,
+    "padding_mask": padding_mask,
+    "masked_attention": masked_attention,
+    "split_heads": split_heads,
+    "merge_heads": merge_heads,
+    "multi_head_attention": multi_head_attention,
+    "pre_norm_block": pre_norm_block,
+    "sinusoidal_table": sinusoidal_table,
+    "kv_cache_step": kv_cache_step,
+    "positions": positions,
+    "online_merge": online_merge,
+    "tile_step": tile_step,
+    "rope": rope,
+    "rope_attention": rope_attention,
+    "sliding_window_mask": sliding_window_mask,
+    "next_token_loss": next_token_loss,
+    "training_step": training_step,
+}
+
+#: The name each check looks for in a learner's file (``python -m course_attn.check``):
+#: the check's own name for a function, the class's name for a layer.
+NAMES: dict[str, str] = {name: name for name in CHECKS} | {
+    "self_attention_layer": "SelfAttention",
+    "multi_head_attention": "MultiHeadAttention",
+}
+
+#: What the learner writes for each check, as a one-line signature.
+SIGNATURES: dict[str, str] = {
+    "softmax": "softmax(x, temperature=1.0) -> weights",
+    "attention_pool": "attention_pool(x, query) -> (pooled, weights)",
+    "self_attention": 'self_attention(x, similarity="dot") -> (z, weights)',
+    "qkv_projection": "qkv_projection(x, w_q, w_k, w_v) -> (q, k, v)",
+    "self_attention_layer": "class SelfAttention(nn.Module): __init__(d_in, d_out), "
+                            "forward(x) -> out",
+    "attention_scores": "attention_scores(q, k) -> scores",
+    "attention": "attention(q, k, v) -> (out, weights)",
+    "causal_mask": "causal_mask(t_q, t_k) -> mask",
+    "padding_mask": 'padding_mask(lengths, max_len, side="right") -> mask',
+    "masked_attention": "masked_attention(q, k, v, mask) -> (out, weights)",
+    "split_heads": "split_heads(x, n_heads) -> heads",
+    "merge_heads": "merge_heads(x) -> merged",
+    "multi_head_attention": "class MultiHeadAttention(nn.Module): __init__(d_model, n_heads), "
+                            "forward(x, mask=None) -> out",
+    "pre_norm_block": "pre_norm_block(x, attn, ff, norm1, norm2) -> x",
+    "sinusoidal_table": "sinusoidal_table(context_length, d_model) -> table",
+    "kv_cache_step": "kv_cache_step(cache_k, cache_v, q, k, v) -> (out, cache_k, cache_v)",
+    "positions": "positions(attention_mask) -> positions",
+    "online_merge": "online_merge(m_a, l_a, acc_a, m_b, l_b, acc_b) -> (m, l, acc)",
+    "tile_step": "tile_step(m, l, acc, q, k, v) -> (m, l, acc)",
+    "rope": "rope(x, positions) -> rotated",
+    "rope_attention": "rope_attention(q, k, v, positions) -> out",
+    "sliding_window_mask": "sliding_window_mask(t, window) -> mask",
+    "next_token_loss": "next_token_loss(logits, targets) -> loss",
+    "training_step": "training_step(model, optimizer, x, y) -> loss",
+}
