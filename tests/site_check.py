@@ -5,8 +5,12 @@ browser may reach that server and nothing else: every other request is aborted a
 recorded. ``check_page`` loads one page, waits for MathJax and the widget manager, and
 returns a :class:`PageReport` whose ``failures()`` lists every problem found, each naming
 the page (and the formula, link, image or widget concerned). ``check_layout_pages`` loads
-pages again in a narrow window (a phone, 400 px) for the layout checks only: the page must
-not be wider than the window, no formula may be cut, SVG text must be at least 9 px.
+pages again in a narrow window (a phone, 400 px) for the layout checks only. The layout
+checks, at both widths: the page is no wider than the window, no formula is cut, no inline
+formula scrolls in a box of its own unless it cannot fit its line (never at 1280 px, where
+the test's browser draws scroll bars as Windows does), display formulas and code show all of
+themselves at 1280 px and fade out the side that goes on where they scroll on a phone, SVG
+text is at least 9 px.
 ``check_search`` runs a query on the search page and looks for raw TeX in the results.
 """
 
@@ -197,6 +201,12 @@ class PageReport:
     page_widths: dict[int, int] = field(default_factory=dict)
     overflow: list[str] = field(default_factory=list)
     cut_formulas: list[str] = field(default_factory=list)
+    # boxes that scroll sideways, per window width: inline formulas, display formulas, code
+    scrolling: dict[int, dict[str, int]] = field(default_factory=dict)
+    scrollbar_px: dict[int, int] = field(default_factory=dict)  # 0: the browser hides them
+    formula_scrollbars: list[str] = field(default_factory=list)
+    display_hidden_px: dict[int, int] = field(default_factory=dict)
+    code_problems: list[str] = field(default_factory=list)
     svg_texts: int = 0
     smallest_svg_text_px: float | None = None
     small_svg_text: list[str] = field(default_factory=list)
@@ -229,6 +239,8 @@ class PageReport:
             ("widget", self.widget_errors),
             ("page wider than the window", self.overflow),
             ("formula cut off", self.cut_formulas),
+            ("formula scrolls", self.formula_scrollbars),
+            ("code", self.code_problems),
             (f"SVG text under {MIN_SVG_TEXT_PX:g} px", self.small_svg_text),
             ("raw TeX in the text", self.raw_tex),
             ("exercise solution", self.solution_problems),
@@ -356,7 +368,7 @@ _IMAGES = """() => Array.from(document.images).map(img => ({
 #   transform), and matplotlib's text drawn as paths (svg.fonttype "path": a group
 #   "text_N" scaled by fontsize / 100, matplotlib.textpath.FONT_SCALE). PNG text cannot be
 #   measured.
-_LAYOUT = r"""async (minPx) => {
+_LAYOUT = r"""async ([minPx, wide]) => {
   if (document.fonts) await document.fonts.ready;
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
   document.querySelectorAll('details').forEach(d => { d.open = true; });
@@ -423,6 +435,75 @@ _LAYOUT = r"""async (minPx) => {
     if (cut) {
       const tex = texOf.get(box) || box.textContent;
       out.cut.push(`${cut}: ${tex.replace(/\s+/g, ' ').trim().slice(0, 80)}`);
+    }
+  }
+  // Boxes that scroll sideways (overflow-x auto or scroll, content wider than the box): in a
+  // browser that shows scroll bars each one draws a bar. An inline formula may scroll only
+  // where it cannot fit its line (course.js marks it course-wide), never at 1280 px; a
+  // display formula and a code block must show all of themselves at 1280 px and, where they
+  // scroll on a phone, mark the side that goes on (course-more-right: course.css fades it).
+  const lineWidth = el => {  // the content box of the first block around el
+    for (let p = el.parentElement; p; p = p.parentElement) {
+      const s = getComputedStyle(p);
+      if (!s.display.startsWith('inline') && s.display !== 'contents') {
+        return p.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
+      }
+    }
+    return Infinity;
+  };
+  const px = v => Math.round(v);
+  const bar = el => {  // the height a horizontal scroll bar takes from the box
+    const s = getComputedStyle(el);
+    return el.offsetHeight - el.clientHeight - parseFloat(s.borderTopWidth) -
+        parseFloat(s.borderBottomWidth);
+  };
+  const visible = el => el.checkVisibility({visibilityProperty: true}) && !offCanvas(el);
+  out.scroll = {inline: 0, display: 0, code: 0, inline_bad: [], display_bad: [], code_bad: []};
+  const probe = document.createElement('div');  // does this browser draw scroll bars?
+  probe.style.cssText = 'position:absolute; top:0; width:100px; height:50px; overflow:scroll';
+  document.body.appendChild(probe);
+  out.scroll.bar_px = probe.offsetHeight - probe.clientHeight;
+  probe.remove();
+  const cue = el => el.scrollLeft > 1 || el.classList.contains('course-more-right');
+  for (const el of document.querySelectorAll('article *')) {
+    if (!scrollsX(el) || el.scrollWidth <= el.clientWidth || el.clientWidth === 0) continue;
+    if (!visible(el)) continue;
+    const hidden = el.scrollWidth - el.clientWidth, name = `${describe(el).slice(0, 70)}`;
+    const math = el.closest('span.math, div.math, mjx-container');
+    if (math && !el.closest('div.math')) {
+      out.scroll.inline += 1;
+      const content = el.querySelector('mjx-math') || el;
+      const width = content.getBoundingClientRect().width, room = lineWidth(el);
+      const tex = (texOf.get(el.querySelector('mjx-container') || el) || el.textContent)
+          .replace(/\s+/g, ' ').trim().slice(0, 60);
+      if (wide || width <= room + 1) {
+        out.scroll.inline_bad.push(`inline formula scrolls (${px(hidden)} px hidden, a ` +
+            `${px(bar(el))} px scroll bar; ${px(width)} px of formula, ${px(room)} px of ` +
+            `line): ${tex}`);
+      } else if (!cue(el)) {
+        out.scroll.inline_bad.push(`inline formula wider than its line hides ${px(hidden)} px ` +
+            `without a fade (course-more-right): ${tex}`);
+      }
+    } else if (math) {
+      out.scroll.display += 1;
+      const tex = (texOf.get(el.closest('mjx-container') || el) || el.textContent)
+          .replace(/\s+/g, ' ').trim().slice(0, 60);
+      if (wide) {
+        out.scroll.display_bad.push(`display formula hides ${px(hidden)} px of ` +
+            `${px(el.scrollWidth)} in a ${px(el.clientWidth)} px box: ${tex}`);
+      } else if (!cue(el)) {
+        out.scroll.display_bad.push(`display formula hides ${px(hidden)} px without a fade ` +
+            `(course-more-right): ${tex}`);
+      }
+      out.scroll.display_hidden = Math.max(out.scroll.display_hidden || 0, hidden);
+    } else if (el.matches('pre')) {
+      out.scroll.code += 1;
+      if (wide) {
+        out.scroll.code_bad.push(`code block cut by ${px(hidden)} px: ${name}`);
+      } else if (!cue(el)) {
+        out.scroll.code_bad.push(`code block hides ${px(hidden)} px without a fade ` +
+            `(course-more-right): ${name}`);
+      }
     }
   }
   const scale = m => Math.sqrt(Math.abs(m.a * m.d - m.b * m.c));
@@ -605,13 +686,20 @@ def _check_figure(src: str, image: dict, report: PageReport) -> None:
 
 def _check_layout(page, report: PageReport, width: int) -> None:
     """Page width, cut formulas and SVG text size at the window's current ``width``."""
-    result = page.evaluate(_LAYOUT, MIN_SVG_TEXT_PX)
+    result = page.evaluate(_LAYOUT, [MIN_SVG_TEXT_PX, width >= WIDE])
     at = f"at {width} px"
     report.page_widths[width] = result["width"]
     if result["width"] > result["viewport"]:
         report.overflow.append(f"{at} the page is {result['width']} px wide: "
                                + "; ".join(result["widest"]))
     report.cut_formulas += [f"{at}: {cut}" for cut in result["cut"]]
+    scroll = result["scroll"]
+    report.scrolling[width] = {kind: scroll[kind] for kind in ("inline", "display", "code")}
+    report.display_hidden_px[width] = scroll.get("display_hidden", 0)
+    report.scrollbar_px[width] = scroll["bar_px"]
+    report.formula_scrollbars += [f"{at}: {msg}" for msg in scroll["inline_bad"]]
+    report.cut_formulas += [f"{at}: {msg}" for msg in scroll["display_bad"]]
+    report.code_problems += [f"{at}: {msg}" for msg in scroll["code_bad"]]
     texts = result["texts"]
     report.svg_texts += len(texts)
     if texts:
