@@ -9,8 +9,8 @@ pages again in a narrow window (a phone, 400 px) for the layout checks only. The
 checks, at both widths: the page is no wider than the window, no formula is cut, no inline
 formula scrolls in a box of its own unless it cannot fit its line (never at 1280 px, where
 the test's browser draws scroll bars as Windows does), display formulas and code show all of
-themselves at 1280 px and fade out the side that goes on where they scroll on a phone, SVG
-text is at least 9 px.
+themselves at 1280 px and fade out the side that goes on where they scroll on a phone, every
+table fits its column, SVG text (figures) is at least 12 px at 1280 px and 11 px at 400 px.
 ``check_search`` runs a query on the search page and looks for raw TeX in the results.
 """
 
@@ -42,7 +42,14 @@ SHOTS = ROOT / "_build" / "site_screenshots"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 TIMEOUT_MS = 20_000
 WIDE, NARROW = 1280, 400  # px: a laptop and a phone (the theme's layout switches at 960)
-MIN_SVG_TEXT_PX = 9.0
+# The smallest figure text (SVG) per window width: 12 px on a laptop, 11 px on a phone (body
+# text is 16 px). Issue 35 found 9.0 to 9.7 px on a phone and 9.07 px at 1280 px.
+MIN_SVG_TEXT_PX = {WIDE: 12.0, NARROW: 11.0}
+
+
+def min_svg_text_px(width: int) -> float:
+    return MIN_SVG_TEXT_PX[WIDE] if width >= WIDE else MIN_SVG_TEXT_PX[NARROW]
+
 SOLUTION_SHOW, SOLUTION_HIDE = "Solution", "Hide the solution"  # tools/course_site.py
 # Pages Sphinx writes besides the toc's: the general index and the search page.
 GENERATED_PAGES = ["genindex", "search"]
@@ -207,6 +214,8 @@ class PageReport:
     formula_scrollbars: list[str] = field(default_factory=list)
     display_hidden_px: dict[int, int] = field(default_factory=dict)
     code_problems: list[str] = field(default_factory=list)
+    tables_measured: int = 0
+    wide_tables: list[str] = field(default_factory=list)
     svg_texts: int = 0
     smallest_svg_text_px: float | None = None
     small_svg_text: list[str] = field(default_factory=list)
@@ -240,8 +249,9 @@ class PageReport:
             ("page wider than the window", self.overflow),
             ("formula cut off", self.cut_formulas),
             ("formula scrolls", self.formula_scrollbars),
-            ("code", self.code_problems),
-            (f"SVG text under {MIN_SVG_TEXT_PX:g} px", self.small_svg_text),
+            ("code or figure", self.code_problems),
+            ("table wider than its column", self.wide_tables),
+            ("SVG text too small", self.small_svg_text),
             ("raw TeX in the text", self.raw_tex),
             ("exercise solution", self.solution_problems),
         ]:
@@ -373,6 +383,9 @@ _LAYOUT = r"""async ([minPx, wide]) => {
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  // course.js sizes formulas, tables and figures; again now that every fold is open
+  if (window.courseSite) await window.courseSite.fit();
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
   const root = document.documentElement, vw = root.clientWidth;
   const out = {width: root.scrollWidth, viewport: vw, widest: [], cut: [], texts: [], images: 0};
   const describe = el => {
@@ -458,7 +471,8 @@ _LAYOUT = r"""async ([minPx, wide]) => {
         parseFloat(s.borderBottomWidth);
   };
   const visible = el => el.checkVisibility({visibilityProperty: true}) && !offCanvas(el);
-  out.scroll = {inline: 0, display: 0, code: 0, inline_bad: [], display_bad: [], code_bad: []};
+  out.scroll = {inline: 0, display: 0, code: 0, figure: 0, inline_bad: [], display_bad: [],
+                code_bad: []};
   const probe = document.createElement('div');  // does this browser draw scroll bars?
   probe.style.cssText = 'position:absolute; top:0; width:100px; height:50px; overflow:scroll';
   document.body.appendChild(probe);
@@ -496,6 +510,14 @@ _LAYOUT = r"""async ([minPx, wide]) => {
             `(course-more-right): ${tex}`);
       }
       out.scroll.display_hidden = Math.max(out.scroll.display_hidden || 0, hidden);
+    } else if (el.querySelector(':scope > img')) {
+      out.scroll.figure += 1;
+      if (wide) {
+        out.scroll.code_bad.push(`figure cut by ${px(hidden)} px: ${name}`);
+      } else if (!cue(el)) {
+        out.scroll.code_bad.push(`figure hides ${px(hidden)} px without a fade ` +
+            `(course-more-right): ${name}`);
+      }
     } else if (el.matches('pre')) {
       out.scroll.code += 1;
       if (wide) {
@@ -504,6 +526,18 @@ _LAYOUT = r"""async ([minPx, wide]) => {
         out.scroll.code_bad.push(`code block hides ${px(hidden)} px without a fade ` +
             `(course-more-right): ${name}`);
       }
+    }
+  }
+  // Tables: each table of the article fits the box around it (the theme's scroll box).
+  out.tables = {measured: 0, wide: []};
+  for (const table of document.querySelectorAll('article table')) {
+    if (!visible(table) || table.closest('.cell_output .jupyter-widgets')) continue;
+    out.tables.measured += 1;
+    const width = table.getBoundingClientRect().width, room = table.parentElement.clientWidth;
+    if (width > room + 1) {
+      const rows = Array.from(table.rows).map(r => r.getBoundingClientRect().height);
+      out.tables.wide.push(`table ${px(width)} px wide in a ${px(room)} px column, rows up ` +
+          `to ${px(Math.max(...rows))} px tall: ${describe(table).slice(0, 80)}`);
     }
   }
   const scale = m => Math.sqrt(Math.abs(m.a * m.d - m.b * m.c));
@@ -686,7 +720,8 @@ def _check_figure(src: str, image: dict, report: PageReport) -> None:
 
 def _check_layout(page, report: PageReport, width: int) -> None:
     """Page width, cut formulas and SVG text size at the window's current ``width``."""
-    result = page.evaluate(_LAYOUT, [MIN_SVG_TEXT_PX, width >= WIDE])
+    least = min_svg_text_px(width)
+    result = page.evaluate(_LAYOUT, [least, width >= WIDE])
     at = f"at {width} px"
     report.page_widths[width] = result["width"]
     if result["width"] > result["viewport"]:
@@ -694,12 +729,15 @@ def _check_layout(page, report: PageReport, width: int) -> None:
                                + "; ".join(result["widest"]))
     report.cut_formulas += [f"{at}: {cut}" for cut in result["cut"]]
     scroll = result["scroll"]
-    report.scrolling[width] = {kind: scroll[kind] for kind in ("inline", "display", "code")}
+    report.scrolling[width] = {kind: scroll[kind]
+                               for kind in ("inline", "display", "code", "figure")}
     report.display_hidden_px[width] = scroll.get("display_hidden", 0)
     report.scrollbar_px[width] = scroll["bar_px"]
     report.formula_scrollbars += [f"{at}: {msg}" for msg in scroll["inline_bad"]]
     report.cut_formulas += [f"{at}: {msg}" for msg in scroll["display_bad"]]
     report.code_problems += [f"{at}: {msg}" for msg in scroll["code_bad"]]
+    report.tables_measured += result["tables"]["measured"]
+    report.wide_tables += [f"{at}: {msg}" for msg in result["tables"]["wide"]]
     texts = result["texts"]
     report.svg_texts += len(texts)
     if texts:
@@ -707,8 +745,8 @@ def _check_layout(page, report: PageReport, width: int) -> None:
         previous = report.smallest_svg_text_px
         report.smallest_svg_text_px = smallest if previous is None else min(previous, smallest)
     report.small_svg_text += [f"{at}: {text['where']}: {text['label']!r} is "
-                              f"{text['px']:.1f} px" for text in texts
-                              if text["px"] < MIN_SVG_TEXT_PX]
+                              f"{text['px']:.1f} px (under {least:g})" for text in texts
+                              if text["px"] < least]
 
 
 def _check_text(page, report: PageReport) -> None:

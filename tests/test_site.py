@@ -122,13 +122,16 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
                            for width in (sc.WIDE, sc.NARROW)},
         "scrolling_boxes": {width: {kind: sum(r.scrolling.get(width, {}).get(kind, 0)
                                               for r in pages + narrow)
-                                    for kind in ("inline", "display", "code")}
+                                    for kind in ("inline", "display", "code", "figure")}
                             for width in (sc.WIDE, sc.NARROW)},
         "display_formula_hidden_px": {width: max(r.display_hidden_px.get(width, 0)
                                                  for r in pages + narrow)
                                       for width in (sc.WIDE, sc.NARROW)},
+        "tables": sum(r.tables_measured for r in narrow),
         "svg_texts": sum(r.svg_texts for r in pages + narrow),
-        "smallest_svg_text_px": min((r.smallest_svg_text_px for r in svg), default=None),
+        "smallest_svg_text_px": {
+            width: min((r.smallest_svg_text_px for r in svg if width in r.page_widths),
+                       default=None) for width in (sc.WIDE, sc.NARROW)},
         "chinese_characters_checked": reports[GLOSSARY].cjk_chars if GLOSSARY in reports
         else 0,
         "search_results": {q: s["results"] for q, s in searches.items()},
@@ -142,15 +145,16 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
         f"{summary['failures']} failures",
         f"layout: widest page {summary['widest_page_px'][sc.WIDE]} px in a {sc.WIDE} px "
         f"window, {summary['widest_page_px'][sc.NARROW]} px in a {sc.NARROW} px one; "
-        f"{summary['svg_texts']} SVG texts measured"
-        + (f", the smallest {summary['smallest_svg_text_px']:.1f} px"
-           if summary["smallest_svg_text_px"] is not None else "")
+        f"{summary['svg_texts']} SVG texts measured, the smallest "
+        + " and ".join(f"{px:.1f} px at {width} px (at least {sc.min_svg_text_px(width):g})"
+                       for width, px in summary["smallest_svg_text_px"].items()
+                       if px is not None)
         + f"; {summary['chinese_characters_checked']} Chinese characters of the glossary "
         f"checked for missing glyphs",
         "scrolling sideways (scroll bars shown at {w} px): {a}; at {n} px: {b}; the most a "
-        "display formula hides at {n} px: {h} px".format(
+        "display formula hides at {n} px: {h} px; {t} tables measured at {n} px".format(
             w=sc.WIDE, n=sc.NARROW, h=summary["display_formula_hidden_px"][sc.NARROW],
-            **{k: ", ".join(f"{v} {kind}" for kind, v in
+            t=summary["tables"], **{k: ", ".join(f"{v} {kind}" for kind, v in
                                                  summary["scrolling_boxes"][width].items())
                                     for k, width in (("a", sc.WIDE), ("b", sc.NARROW))}),
         f"local assets in _build/html/_static: MathJax {sizes['mathjax'] / 1e6:.1f} MB, "
@@ -164,7 +168,7 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
 def test_page_renders_offline(crawl, doc):
     """HTTP 200, a title, links, images, math, widgets, outputs; no failed, foreign or
     erroring request; no console error; at 1280 px: no wider than the window, no formula
-    cut, no SVG text under 9 px, no raw TeX in the text; exercise solutions behind one
+    cut, no SVG text under 12 px, no raw TeX in the text; exercise solutions behind one
     "Solution" toggle."""
     failures = crawl[doc].failures()
     assert not failures, f"{len(failures)} problem(s):\n" + "\n".join(failures)
@@ -173,7 +177,7 @@ def test_page_renders_offline(crawl, doc):
 @pytest.mark.parametrize("doc", PAGES)
 def test_page_fits_a_phone(crawl, doc):
     """At 400 px: the page is no wider than the window, every formula is whole or scrolls in
-    its own box, SVG text is at least 9 px."""
+    its own box, tables fit, SVG text is at least 11 px."""
     report = crawl[f"{doc}@{sc.NARROW}"]
     failures = report.failures()
     assert not failures, f"{len(failures)} problem(s):\n" + "\n".join(failures)
@@ -348,7 +352,7 @@ _LAYOUT_INJECTED = {
         'reads "Show code cell source", not Solution',
     # issue 35: an inline formula that scrolls although it fits its line (what course.css
     # once did to every formula), a display formula and a code line that 1280 px cannot
-    # show, a code block that scrolls on a phone without a fade
+    # show, a code block that scrolls on a phone without a fade, a table with a long word
     '<p><span class="math notranslate nohighlight" style="overflow-x: auto; max-width: 2em">'
     r'\(x + y + z\)</span></p>': "inline formula scrolls",
     '<div class="math notranslate nohighlight">\\['
@@ -356,6 +360,9 @@ _LAYOUT_INJECTED = {
     '<div class="highlight"><pre>cut = 1  # ' + "far " * 60 + '</pre></div>': "code block cut by",
     '<pre style="overflow-x: auto; white-space: pre">no_fade = 2  # ' + "far " * 60 + '</pre>':
         "without a fade",
+    '<div class="pst-scrollable-table-container"><table class="table"><tr><td>'
+    + "Pneumonoultramicroscopicsilicovolcanoconiosis" * 2 + '</td></tr></table></div>':
+        "table wider than its column",
 }
 _PHONE_ONLY = {"without a fade"}  # at 1280 px that code block is "cut by" (checked above)
 _NO_FONT_HAS = "\U00030000\U00030001\U00030002"
@@ -374,7 +381,7 @@ def test_checker_reports_layout_text_and_solution_problems(broken):
             + "\n".join(failures))
     narrow_failures = narrow.failures()
     for needle in ["px wide: div", "formula cut off", "is 6.0 px", "inline formula scrolls",
-                   "without a fade"]:
+                   "without a fade", "table wider than its column"]:
         assert any(needle in line and f"at {sc.NARROW} px" in line
                    for line in narrow_failures), (
             f"the checker did not report {needle!r} at {sc.NARROW} px; it reported:\n"

@@ -18,9 +18,12 @@
    written twice, and the second ``const`` is a SyntaxError in the console of every page.
 4. Every figure a cell outputs opens at full size when clicked (a link to the image file,
    added when the page loads): the column shows figures at most 700 px wide.
-5. ``tools/static/course.css`` and ``course.js``: pages that fit a phone. Code blocks and long
-   formulas scroll inside their own box (a formula's hidden side fades out), long inline code
-   breaks, and the page itself is never wider than the screen (``tests/site_check.py``
+5. ``tools/static/course.css`` and ``course.js``: pages that fit a phone and a laptop. A
+   formula a little too wide is drawn smaller; what still does not fit (code, long formulas,
+   figures on a phone) scrolls inside its own box, whose hidden side fades out; inline
+   formulas are no scroll boxes (no scroll bar under each where scroll bars show); tables fit
+   a phone; figures are shown large enough for 12 px text (11 px on a phone); long inline
+   code breaks, and the page itself is never wider than the screen (``tests/site_check.py``
    measures every page at 400 px and 1280 px).
 6. Exercise solutions (code cells tagged ``hide-input``, with ``hide-output`` or as
    ``hide-cell``) fold behind one toggle titled "Solution" instead of myst-nb's "Show code

@@ -1,18 +1,27 @@
 /* course_attn site, every page (tools/course_site.py adds this file).
    Formulas and code that are wider than the column (course.css):
    - a formula a little wider than its column (or line) is drawn smaller, down to MIN_SCALE
-     of its size, so that it fits (chapter 9's backward pass at 1280 px: 753 px in 688);
+     of its size (PHONE_MIN_SCALE on a phone), so that it fits (chapter 9's backward pass at
+     1280 px: 753 px in 688);
    - what still does not fit scrolls inside its own box (display formulas, an inline
      formula wider than its line, which gets the class course-wide, code blocks); phones
      show no scroll bar, so the box is marked on the side where the content goes on
      (course-more-right / course-more-left), and course.css fades that edge out.
+   - a table wider than its box on a phone lets its headers' long words break before a
+     capital (course.css makes its text smaller and its inline code breakable);
+   - a figure (SVG) is shown large enough for its smallest text to be 12 px (11 px on a
+     phone, where a figure too wide for the screen then scrolls in its own box);
    Everything is measured again when the column changes width (window, sidebars). */
 (function () {
   "use strict";
-  var MIN_SCALE = 0.8;
+  var MIN_SCALE = 0.8, PHONE_MIN_SCALE = 0.7;  // under 576 px (course.css's phone)
   var DISPLAY = 'div.math mjx-container[display="true"]';
   var INLINE = "span.math";
   var CODE = "div.highlight pre, div.cell_output pre";
+  var FIGURES = "div.cell_output img";
+  // Figure text (SVG figures): at least this many CSS px on a phone, and on a wider screen.
+  var PHONE_TEXT_PX = 11, TEXT_PX = 12;
+  var smallestText = new Map();  // an SVG's URL -> a promise of its smallest font size
   var watched = new WeakSet();
 
   function mark(box) {
@@ -45,7 +54,8 @@
     math.style.fontSize = "";
     var natural = math.getBoundingClientRect().width;
     if (natural > room + 0.5 && room > 0) {
-      var scale = Math.max(MIN_SCALE, Math.floor(100 * room / natural) / 100);
+      var least = window.innerWidth < 576 ? PHONE_MIN_SCALE : MIN_SCALE;
+      var scale = Math.max(least, Math.floor(100 * room / natural) / 100);
       math.style.fontSize = (100 * scale).toFixed(0) + "%";
       box.dataset.courseScale = scale.toFixed(2);
     } else {
@@ -74,6 +84,84 @@
     mark(pre);
   }
 
+  // A table wider than its box: its headers' long words may break before a capital.
+  function fitTable(table) {
+    var box = table.parentElement;
+    if (!box || table.dataset.courseBreaks || table.offsetWidth <= box.clientWidth) return;
+    table.dataset.courseBreaks = "yes";
+    table.querySelectorAll("th").forEach(function (th) {
+      var walker = document.createTreeWalker(th, NodeFilter.SHOW_TEXT), nodes = [];
+      for (var n = walker.nextNode(); n; n = walker.nextNode()) nodes.push(n);
+      nodes.forEach(function (node) {
+        var parts = node.nodeValue.split(/(?<=[a-z])(?=[A-Z][a-z])/);
+        if (parts.length < 2 || node.parentElement.closest("code, .math")) return;
+        var frag = document.createDocumentFragment();
+        parts.forEach(function (part, i) {
+          if (i) frag.appendChild(document.createElement("wbr"));
+          frag.appendChild(document.createTextNode(part));
+        });
+        node.parentNode.replaceChild(frag, node);
+      });
+    });
+  }
+
+  // The smallest font size an SVG file's texts have, in its own units (matplotlib writes
+  // style="font-size: 10px" on each <text>; 1 unit = 1 pt, 4/3 CSS px at its own size).
+  function svgSmallestText(url) {
+    if (!smallestText.has(url)) {
+      smallestText.set(url, fetch(url).then(function (r) { return r.text(); })
+        .then(function (text) {
+          var sizes = [], found, re = /<text\b[^>]*font-size:\s*([\d.]+)px/g;
+          while ((found = re.exec(text)) !== null) sizes.push(parseFloat(found[1]));
+          var box = /viewBox="[\d.\s-]*?\s([\d.]+)\s+[\d.]+"/.exec(text);
+          return sizes.length && box ? {font: Math.min.apply(null, sizes),
+                                        width: parseFloat(box[1])} : null;
+        }).catch(function () { return null; }));
+    }
+    return smallestText.get(url);
+  }
+
+  // A figure is shown at least as wide as makes its smallest text TEXT_PX (PHONE_TEXT_PX on
+  // a phone): a small figure is drawn larger (it is SVG, sharp at any size), and on a phone
+  // a wide one is not squeezed under that; it scrolls sideways in its own box instead (the
+  // link that opens it at full size), which fades out where it goes on.
+  function fitFigure(img) {
+    var url = img.currentSrc || img.src;
+    if (!/\.svg(?:[?#]|$)|^data:image\/svg/i.test(url)) return Promise.resolve();
+    if (!img.complete || !img.naturalWidth) {  // a lazy image: when it has loaded
+      img.addEventListener("load", function () { fitFigure(img); }, {once: true});
+      return Promise.resolve();
+    }
+    return svgSmallestText(url).then(function (svg) {
+      var link = img.closest("a.course-figure-link") || img.parentElement;
+      var output = img.closest("div.cell_output") || link.parentElement;
+      if (!svg || !link || !output) return;
+      var phone = window.innerWidth < 576;
+      var target = (phone ? PHONE_TEXT_PX : TEXT_PX) + 0.05;
+      var natural = img.naturalWidth, ownPx = svg.font * natural / svg.width;
+      var wanted = Math.ceil(natural * target / ownPx);
+      link.classList.remove("course-figure-scroll");
+      img.style.width = "";
+      // the room: the output's width (on a phone with its 1 rem margins), or inside a
+      // widget the width of the widget's own output box
+      var room = img.closest(".widget-subarea") ? link.clientWidth
+        : output.clientWidth + (phone ? 32 : 0);
+      if (room <= 0) return;  // in a closed fold: when it opens
+      if (wanted > img.getBoundingClientRect().width + 0.5) {
+        if (wanted <= room || !phone) {
+          img.style.width = Math.min(wanted, room) + "px";
+        } else {
+          img.style.width = wanted + "px";
+          link.classList.add("course-figure-scroll");
+          watchScroll(link);
+        }
+      }
+      img.dataset.courseTextPx = (ownPx * img.getBoundingClientRect().width / natural)
+        .toFixed(2);
+      mark(link);
+    });
+  }
+
   function fitFormulas() {
     document.querySelectorAll(DISPLAY).forEach(fitDisplay);
     document.querySelectorAll(INLINE).forEach(fitInline);
@@ -81,7 +169,10 @@
 
   function fitAll() {
     fitFormulas();
+    document.querySelectorAll("article table").forEach(fitTable);
     document.querySelectorAll(CODE).forEach(fitCode);
+    var figures = Array.prototype.map.call(document.querySelectorAll(FIGURES), fitFigure);
+    return Promise.all(figures);
   }
 
   function watch() {
@@ -100,10 +191,15 @@
     // A folded solution lays its code out only when it opens.
     document.querySelectorAll("details").forEach(function (fold) {
       fold.addEventListener("toggle", function () {
-        if (fold.open) fold.querySelectorAll(CODE).forEach(fitCode);
+        if (!fold.open) return;
+        fold.querySelectorAll(CODE).forEach(fitCode);
+        fold.querySelectorAll(FIGURES).forEach(fitFigure);
       });
     });
   }
+
+  // tests/site_check.py: fit everything again (every image loaded) and wait for it
+  window.courseSite = {fit: fitAll};
 
   window.addEventListener("load", function () {
     var mj = window.MathJax;
