@@ -356,6 +356,7 @@ _COLLECT = """() => {
     outputs: Array.from(document.querySelectorAll('.cell_output'))
         .filter(o => o.textContent.trim() || o.querySelector('img, svg, .widget-subarea')).length,
     output_images: document.querySelectorAll('.cell_output img').length,
+    icon: (document.querySelector('link[rel~="icon"]') || {}).href || null,
   };
 }"""
 
@@ -812,6 +813,56 @@ def check_layout_pages(context, base_url: str, page_paths: list[str], width: int
     return reports
 
 
+_DRAWER_STATE = """() => {
+  const open = id => !!(document.getElementById(id) || {}).open;
+  const header = document.querySelector('.bd-header-article');  // the book theme's bar
+  const bar = header ? header.getBoundingClientRect() : {top: 0, bottom: 56};
+  const tips = Array.from(document.querySelectorAll('.tooltip')).filter(t => {
+    const r = t.getBoundingClientRect();
+    return r.width > 0 && r.top < bar.bottom && r.bottom > bar.top;
+  }).map(t => t.textContent.trim());
+  return {primary: open('pst-primary-sidebar-modal'),
+          secondary: open('pst-secondary-sidebar-modal'), tips, y: window.scrollY};
+}"""
+
+
+def check_drawer(context, base_url: str, page_path: str) -> list[str]:
+    """On a phone (``context``: a narrow window with touch), tap the toggle of the page's
+    contents drawer, then one of its sections: the drawer must open without a tooltip over
+    the header, and close after the tap on the section, the page scrolled to it. Returns
+    the problems found."""
+    problems: list[str] = []
+    page = context.new_page()
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(base_url)
+               else r.abort())
+    try:
+        page.goto(base_url + page_path, wait_until="load", timeout=TIMEOUT_MS)
+        _settle(page)
+        page.tap("button.secondary-toggle", timeout=TIMEOUT_MS)
+        page.wait_for_timeout(700)  # Bootstrap shows a tooltip after 500 ms
+        state = page.evaluate(_DRAWER_STATE)
+        if not state["secondary"]:
+            problems.append("a tap on the contents toggle does not open the contents drawer")
+        if state["tips"]:
+            problems.append(f"a tooltip covers the header after the tap: {state['tips']}")
+        links = page.locator("#pst-secondary-sidebar-modal a[href^='#']")
+        if links.count() < 3:
+            problems.append(f"the contents drawer lists {links.count()} sections")
+            return problems
+        links.nth(2).tap(timeout=TIMEOUT_MS)
+        page.wait_for_timeout(500)
+        after = page.evaluate(_DRAWER_STATE)
+        if after["secondary"]:
+            problems.append("the contents drawer stays open after a tap on a section")
+        if after["y"] <= state["y"]:
+            problems.append("a tap on a section does not scroll the page to it")
+    except Exception as err:
+        problems.append(f"{type(err).__name__}: {str(err).splitlines()[0]}")
+    finally:
+        page.close()
+    return problems
+
+
 def check_search(context, base_url: str, query: str) -> dict:
     """Search the site for ``query``: how many results and snippets, and those (and the
     titles of the search index) that show raw TeX."""
@@ -885,6 +936,7 @@ def check_page(context, base_url: str, page_path: str, *, chapter: bool = False,
             if image["output"] and not src.startswith("data:"):  # data: = drawn by a widget
                 _check_figure(src, image, report)
         _check_links(info["links"], base_url, report, cache)
+        _check_icon(info["icon"], base_url, report, cache)
         _wait_quiet(page, pending, report)
         if screenshot is not None:
             screenshot.parent.mkdir(parents=True, exist_ok=True)
@@ -942,6 +994,16 @@ def _check_widgets(page, report: PageReport) -> None:
     if views and views[0]["fallbacks_total"] < len(views):
         report.widget_errors.append(
             f"{len(views)} widget views but {views[0]['fallbacks_total']} static figures")
+
+
+def _check_icon(icon: str | None, base_url: str, report: PageReport,
+                cache: dict[str, tuple[int, str]]) -> None:
+    """A page names its icon (without one the browser asks for /favicon.ico: a 404 in the
+    console of every page), and the icon loads."""
+    if not icon:
+        report.other.append("no icon (<link rel=icon>): the browser asks for /favicon.ico")
+    elif icon.startswith(base_url) and http_get(icon, cache)[0] != 200:
+        report.other.append(f"its icon {icon} does not load (HTTP {http_get(icon, cache)[0]})")
 
 
 def _check_links(links: list[str], base_url: str, report: PageReport,

@@ -22,6 +22,7 @@ import site_check as sc
 
 pytestmark = pytest.mark.site
 SEARCH_KEY = pytest.StashKey[dict]()
+DRAWER_KEY = pytest.StashKey[list]()
 
 DOCS = sc.toc_files()
 CHAPTERS = [doc for doc in DOCS if sc.notebook_source(doc) is not None]
@@ -103,6 +104,11 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
                                                sc.NARROW)
         reports.update({f"{doc}@{sc.NARROW}": narrow_reports[f"{doc}.html"] for doc in PAGES})
         phone.close()
+        if CHAPTER_4 is not None:
+            touch = phone_browser.new_context(service_workers="block", has_touch=True,
+                                              viewport={"width": sc.NARROW, "height": 800})
+            pytestconfig.stash[DRAWER_KEY] = sc.check_drawer(touch, base, f"{CHAPTER_4}.html")
+            touch.close()
     pytestconfig.stash[SEARCH_KEY] = searches
     pages = [reports[doc] for doc in PAGES]
     narrow = [reports[f"{doc}@{sc.NARROW}"] for doc in PAGES]
@@ -238,6 +244,15 @@ def test_no_inline_formula_scrolls_with_scroll_bars_shown(crawl):
     assert report.scrolling[sc.WIDE]["inline"] == 0, "\n".join(report.formula_scrollbars)
     assert not report.formula_scrollbars, "\n".join(report.formula_scrollbars)
     assert SCREENSHOTS[CHAPTER_4].is_file()
+
+
+def test_phone_contents_drawer_closes_after_a_tap(crawl, pytestconfig):
+    """Issue 35, item 7: on a 400 px touch screen the contents drawer of chapter 4 opens
+    without a tooltip over the header and closes after a tap on a section."""
+    if CHAPTER_4 is None:
+        pytest.skip("no chapter 4 in _toc.yml")
+    problems = pytestconfig.stash[DRAWER_KEY]
+    assert not problems, f"{CHAPTER_4}.html at {sc.NARROW} px: " + "; ".join(problems)
 
 
 @pytest.mark.parametrize("doc", CHAPTERS)

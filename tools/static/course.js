@@ -11,7 +11,8 @@
      capital (course.css makes its text smaller and its inline code breakable);
    - a figure (SVG) is shown large enough for its smallest text to be 12 px (11 px on a
      phone, where a figure too wide for the screen then scrolls in its own box);
-   Everything is measured again when the column changes width (window, sidebars). */
+   Everything is measured again when the column changes width (window, sidebars).
+   Below: a phone's sidebar drawers close after a tap on a link. */
 (function () {
   "use strict";
   var MIN_SCALE = 0.8, PHONE_MIN_SCALE = 0.7;  // under 576 px (course.css's phone)
@@ -197,6 +198,33 @@
       });
     });
   }
+
+  // A phone's drawers (the theme's <dialog> sidebars): a tap on a link closes the drawer,
+  // which stayed open over 75% of the screen after a tap on a section of "Contents". The
+  // tooltip a toggle button showed on a tap ("Toggle secondary sidebar") stayed over the
+  // header: the toggles have no Bootstrap tooltip.
+  function drawers() {
+    document.querySelectorAll("dialog.bd-sidebar-primary, dialog.bd-sidebar-secondary, " +
+                              "#pst-primary-sidebar-modal, #pst-secondary-sidebar-modal")
+      .forEach(function (dialog) {
+        dialog.addEventListener("click", function (event) {
+          var link = event.target.closest && event.target.closest("a[href]");
+          if (link && dialog.open) dialog.close();
+        });
+      });
+    // The toggles keep a plain title (the browser's own tooltip on hover, none on a tap).
+    var bs = window.bootstrap;
+    var toggles = '.sidebar-toggle[data-bs-toggle="tooltip"]';
+    document.querySelectorAll(toggles).forEach(function (button) {
+      var tip = bs && bs.Tooltip && bs.Tooltip.getInstance(button);
+      var title = button.getAttribute("data-bs-original-title") || button.getAttribute("title");
+      if (tip) tip.dispose();
+      button.removeAttribute("data-bs-toggle");
+      if (title) button.setAttribute("title", title);
+    });
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", drawers);
+  else drawers();
 
   // tests/site_check.py: fit everything again (every image loaded) and wait for it
   window.courseSite = {fit: fitAll};
