@@ -706,9 +706,16 @@ _SEARCH_RESULTS = r"""() => {
   const index = (typeof Search !== 'undefined' && Search._index) || {};
   const titles = [...(index.titles || []), ...Object.keys(index.alltitles || {}),
                   ...Object.keys(index.indexentries || {})];
+  const top = items.slice(0, 5).map(li => {
+    const link = li.querySelector('a'), context = li.querySelector('p.context');
+    const href = link ? link.getAttribute('href') : '';
+    return {page: href.split('#')[0].replace(/\.html$/, ''), anchor: href.split('#')[1] || '',
+            title: link ? link.textContent.trim() : '',
+            snippet: context ? context.textContent.replace(/\s+/g, ' ').trim() : ''};
+  });
   return {results: items.length, snippets: items.filter(li => li.querySelector('p.context')).length,
           raw: items.map(li => li.innerText.replace(/\s+/g, ' ').trim()).filter(t => RAW.test(t)),
-          raw_titles: titles.filter(t => RAW.test(t))};
+          raw_titles: titles.filter(t => RAW.test(t)), top};
 }"""
 
 
@@ -864,8 +871,9 @@ def check_drawer(context, base_url: str, page_path: str) -> list[str]:
 
 
 def check_search(context, base_url: str, query: str) -> dict:
-    """Search the site for ``query``: how many results and snippets, and those (and the
-    titles of the search index) that show raw TeX."""
+    """Search the site for ``query``: how many results and snippets, those (and the titles
+    of the search index) that show raw TeX, and the first five results (page, anchor, title,
+    snippet) in the order shown."""
     page = context.new_page()
     page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(base_url)
                else r.abort())

@@ -35,7 +35,15 @@ SCREENSHOTS = {doc: sc.SHOTS / name for doc, name in
                [(CHAPTERS[0] if CHAPTERS else None, "chapter01.png"),
                 (CHAPTER_4, "chapter04_scrollbars.png")] if doc is not None}
 # Queries whose results quote formulas (the search page shows page text around the match).
-SEARCHES = ["sqrt", "softmax", "building the mask before softmax"]
+TEX_SEARCHES = ["sqrt", "softmax", "building the mask before softmax"]
+# A term -> the chapter that teaches it, which must be the first result (issue 35, item 6:
+# "KV cache" gave chapter 8 fifth, "FlashAttention" chapter 9 fourth).
+TEACHING = {"KV cache": "notebooks/08_encoder_decoder",
+            "FlashAttention": "notebooks/09_efficient_attention",
+            "causal mask": "notebooks/05_masks",
+            "multi-head attention": "notebooks/06_multi_head_attention",
+            "softmax": "notebooks/01_softmax_weighting"}
+SEARCHES = list(dict.fromkeys([*TEX_SEARCHES, *TEACHING]))
 
 
 def _unavailable(reason: str) -> None:
@@ -203,7 +211,7 @@ def test_chinese_glossary_terms_are_drawn_not_boxes(crawl):
         f"are drawn as missing-glyph boxes: {''.join(report.cjk_missing[:20])}")
 
 
-@pytest.mark.parametrize("query", SEARCHES)
+@pytest.mark.parametrize("query", TEX_SEARCHES)
 def test_search_results_show_no_raw_tex(crawl, pytestconfig, query):
     """The search page's titles and snippets show formulas as text, not TeX source."""
     result = pytestconfig.stash[SEARCH_KEY][query]
@@ -213,6 +221,27 @@ def test_search_results_show_no_raw_tex(crawl, pytestconfig, query):
                                f"{len(result['raw'])} result(s):\n" + "\n".join(result["raw"]))
     assert not result["raw_titles"], ("the search index lists titles with raw TeX: "
                                       + "; ".join(result["raw_titles"]))
+
+
+@pytest.mark.parametrize("query", list(TEACHING))
+def test_search_ranks_the_teaching_chapter_first(crawl, pytestconfig, query):
+    """The chapter that teaches a term is the first result, its snippet is the chapter's
+    text (not its table of contents), and the glossary's entry for the term is among the
+    first three, with the definition as its snippet."""
+    result = pytestconfig.stash[SEARCH_KEY][query]
+    top = result["top"]
+    shown = "\n".join(f"{i + 1}. {r['title']} ({r['page']}#{r['anchor']}): {r['snippet'][:90]}"
+                      for i, r in enumerate(top))
+    assert top and top[0]["page"] == TEACHING[query] and not top[0]["anchor"], (
+        f"search for {query!r}: {TEACHING[query]} is not the first result:\n{shown}")
+    assert top[0]["snippet"] and "Contents" not in top[0]["snippet"], (
+        f"search for {query!r}: the first snippet is the table of contents:\n{shown}")
+    glossary = [r for r in top[:3] if r["page"] == GLOSSARY and r["anchor"].startswith("term-")]
+    assert glossary, f"search for {query!r}: no glossary entry in the first three:\n{shown}"
+    term, _, definition = glossary[0]["snippet"].partition(": ")
+    assert query.lower() in term.lower() and len(definition) > 20, (
+        f"search for {query!r}: the glossary's snippet is not the definition: "
+        f"{glossary[0]['snippet']!r}")
 
 
 def test_index_redirects_to_the_first_page(crawl):

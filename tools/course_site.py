@@ -30,7 +30,13 @@
    cell source" and a second "Show code cell output": :class:`SolutionCells` runs just before
    myst-nb's own fold and folds code and output together where the tags hide both.
 7. ``tools/static/course_search.js`` on the search page: formulas in the result titles and
-   snippets become plain text instead of TeX source.
+   snippets become plain text instead of TeX source; a snippet is taken from the article (not
+   the page's table of contents), and a glossary hit shows the term's definition.
+8. Search ranks the chapter that teaches a term first. The glossary lists each term under
+   the chapter that introduces it ("## Chapter 8: ..."); :func:`_teaching_entries` adds the
+   term as a main index entry of that chapter (in the search index only, when the chapter's
+   page is written), and ``tools/search_scorer.js`` (``html_search_scorer``) puts that
+   chapter first, then its sections titled with the term, then the glossary's definition.
 """
 
 from __future__ import annotations
@@ -38,9 +44,11 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 from pathlib import Path
 
 from docutils import nodes
+from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.errors import ExtensionError
@@ -189,8 +197,63 @@ def _search_page_script(app: Sphinx, pagename: str, templatename: str, context: 
         app.add_js_file("course_search.js")
 
 
+GLOSSARY = "book/glossary"
+_CHAPTER_HEADING = re.compile(r"Chapter (\d+)\b")
+
+
+def _glossary_chapters(app: Sphinx) -> dict[str, list[str]]:
+    """Chapter docname -> the glossary terms listed under its heading (read once per
+    process from the glossary's doctree; every name of a term "a / b" on its own)."""
+    cached = getattr(app, "_course_glossary_chapters", None)
+    if cached is not None:
+        return cached
+    env = app.env
+    chapters: dict[str, list[str]] = {}
+    if GLOSSARY in env.found_docs:
+        by_number = {}
+        for docname in env.found_docs:
+            found = re.match(r"notebooks/(\d+)_", docname)
+            if found:
+                by_number[int(found.group(1))] = docname
+        for section in env.get_doctree(GLOSSARY).findall(nodes.section):
+            heading = section.next_node(nodes.title)
+            number = _CHAPTER_HEADING.match(heading.astext()) if heading else None
+            if not number or int(number.group(1)) not in by_number:
+                continue
+            names = chapters.setdefault(by_number[int(number.group(1))], [])
+            for term in section.findall(nodes.term):
+                text = term.astext().replace("$", "").strip()
+                names += [name.strip() for name in text.split(" / ") if name.strip()]
+    app._course_glossary_chapters = chapters  # type: ignore[attr-defined]
+    return chapters
+
+
+def _teaching_entries(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """Each glossary term becomes a main index entry of the chapter that teaches it, aimed
+    at the page itself (no anchor), so that the search ranks that chapter with the glossary's
+    own entry (100 points) instead of among every page that names the term in a heading."""
+    terms = _glossary_chapters(app).get(docname)
+    if terms:
+        entries = [("single", term, "", "main", None) for term in terms]
+        doctree.append(addnodes.index(entries=entries, inline=False))
+    if docname == GLOSSARY:  # "causal mask / look-ahead mask": each name finds the term
+        for term in doctree.findall(nodes.term):
+            names = [n.strip() for n in term.astext().replace("$", "").split(" / ")]
+            if len(names) > 1 and term["ids"]:
+                entries = [("single", name, term["ids"][0], "main", None)
+                           for name in names if name]
+                term.parent.append(addnodes.index(entries=entries, inline=False))
+
+
+def _search_scorer(app: Sphinx, config: Config) -> None:
+    if not config.html_search_scorer:
+        config.html_search_scorer = str(Path(__file__).resolve().parent / "search_scorer.js")
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _course_static)
+    app.connect("config-inited", _search_scorer)
+    app.connect("doctree-resolved", _teaching_entries)
     app.add_css_file("course.css")
     app.add_js_file("course.js", loading_method="defer")
     app.add_post_transform(SolutionCells)
