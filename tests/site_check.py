@@ -228,6 +228,7 @@ class PageReport:
     solutions: int = 0
     solution_problems: list[str] = field(default_factory=list)
     layout_only: bool = False  # check_layout_pages: only the layout was checked
+    book_pdf_link: str | None = None  # the download menu's "whole book .pdf" (make pdf)
     other: list[str] = field(default_factory=list)
 
     def failures(self) -> list[str]:
@@ -357,6 +358,7 @@ _COLLECT = """() => {
         .filter(o => o.textContent.trim() || o.querySelector('img, svg, .widget-subarea')).length,
     output_images: document.querySelectorAll('.cell_output img').length,
     icon: (document.querySelector('link[rel~="icon"]') || {}).href || null,
+    book_pdf: (document.querySelector('a.course-book-pdf') || {}).href || null,
   };
 }"""
 
@@ -945,6 +947,7 @@ def check_page(context, base_url: str, page_path: str, *, chapter: bool = False,
                 _check_figure(src, image, report)
         _check_links(info["links"], base_url, report, cache)
         _check_icon(info["icon"], base_url, report, cache)
+        report.book_pdf_link = info["book_pdf"]
         _wait_quiet(page, pending, report)
         if screenshot is not None:
             screenshot.parent.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,10 @@ import json
 import re
 import shutil
 import struct
+import unicodedata
 from pathlib import Path
 
+import pdf_text
 import pytest
 import site_check as sc
 
@@ -433,3 +435,97 @@ def test_checker_reports_layout_text_and_solution_problems(broken):
     assert set(_NO_FONT_HAS) <= set(wide.cjk_missing), (
         f"characters no font has were not reported as boxes: {wide.cjk_missing}")
     assert wide.smallest_svg_text_px == pytest.approx(6.0, abs=0.05)
+
+
+# ------------------------------------------------------------------ the whole book as a PDF
+
+BOOK_PDF = sc.ROOT / "_build" / "pdf" / "course_attn.pdf"  # make pdf (tools/print_pdf.py)
+SINGLEHTML = sc.ROOT / "_build" / "singlehtml"
+# raw TeX in the text of a PDF: a control word, \( \[ or $$ (code, in a monospace font, is
+# not read: Python has its own backslashes)
+_PDF_RAW_TEX = re.compile(r"\\[A-Za-z]{2,}|\\[()\[\]]|\$\$")
+
+
+def _squeeze(text: str) -> str:
+    """Text to compare: no spaces (the PDF has some where glyphs were kerned apart) and
+    ligatures spelt out (NFKC: the "fi" of "Simplified" is one glyph, U+FB01)."""
+    return re.sub(r"\s+", "", unicodedata.normalize("NFKC", text))
+
+
+def _chapter_titles() -> list[str]:
+    """Each chapter's title: its notebook's first line ("# Chapter 4: Scaled ...")."""
+    titles = []
+    for doc in CHAPTERS:
+        cells = json.loads(sc.notebook_source(doc).read_text())["cells"]
+        first = "".join(cells[0]["source"]).splitlines()[0]
+        titles.append(first.lstrip("#").strip())
+    return titles
+
+
+@pytest.fixture(scope="module")
+def book_pdf() -> pdf_text.Pdf:
+    if not BOOK_PDF.is_file():
+        pytest.skip(f"no {BOOK_PDF.relative_to(sc.ROOT)}: run `make pdf` to build and check it")
+    return pdf_text.read(BOOK_PDF)
+
+
+def test_pdf_has_every_chapter(book_pdf):
+    """make pdf: one PDF of the whole book: a page count that fits it, and every chapter's
+    title both in the outline (bookmarks) and on a page, in the toc's order."""
+    pages = len(book_pdf.pages)
+    assert 20 * len(CHAPTERS) <= pages <= 2000, f"{BOOK_PDF.name} has {pages} pages"
+    outline = [_squeeze(t) for t in book_pdf.outline]
+    texts = [_squeeze(page.text) for page in book_pdf.pages]
+    last_page = 0
+    for title in _chapter_titles():
+        wanted = _squeeze(title)
+        assert wanted in outline, f"{title!r} is not in the PDF's outline"
+        found = [page for page, text in enumerate(texts, 1) if wanted in text
+                 and page > last_page]
+        assert found, f"{title!r} is on no page after page {last_page}"
+        last_page = found[0]
+
+
+def test_pdf_shows_no_raw_tex(book_pdf):
+    """Every formula was typeset by MathJax before printing: no page's text (outside code)
+    holds TeX source such as \\frac, \\( or $$."""
+    raw = []
+    for page in book_pdf.pages:
+        for font, text in page.text_by_font.items():
+            if "Mono" in font:
+                continue
+            for found in _PDF_RAW_TEX.finditer(_squeeze(text)):
+                raw.append(f"page {page.number} ({font}): "
+                           f"...{_squeeze(text)[max(0, found.start() - 30):found.end() + 30]}...")
+    assert not raw, f"{len(raw)} place(s) with raw TeX:\n" + "\n".join(raw[:10])
+
+
+def test_pdf_figures_are_vectors_with_real_text(book_pdf):
+    """The figures are the site's SVG files printed as vectors: their labels are text in the
+    PDF (a figure printed as a picture would have none)."""
+    images = sorted((SINGLEHTML / "_images").glob("*.svg"))
+    if not images:
+        pytest.skip(f"no {SINGLEHTML.relative_to(sc.ROOT)}/_images (make pdf writes it)")
+    text = _squeeze(book_pdf.text)
+    labels = {}
+    for image in images:
+        found = re.findall(r"<text\b[^>]*>([^<]{4,})</text>", image.read_text(encoding="utf-8"))
+        if found:
+            labels[image.name[:12]] = max(found, key=len).strip()
+    missing = {name: label for name, label in labels.items() if _squeeze(label) not in text}
+    assert len(labels) >= len(CHAPTERS), f"only {len(labels)} figures with labels"
+    assert len(missing) <= len(labels) // 20, (
+        f"{len(missing)} of {len(labels)} figures' labels are not text in the PDF: {missing}")
+
+
+def test_site_links_the_pdf(crawl, site):
+    """A site built after make pdf holds the PDF and links it from every page's download
+    menu (and the crawl checked that the link loads)."""
+    if not BOOK_PDF.is_file():
+        pytest.skip("no PDF built (make pdf), so the site has none to link")
+    if not (site / BOOK_PDF.name).is_file():
+        pytest.skip(f"the site was built before {BOOK_PDF.relative_to(sc.ROOT)} existed "
+                    "(make pdf html links it)")
+    unlinked = [doc for doc in DOCS if not (crawl[doc].book_pdf_link or "").endswith(
+        "/" + BOOK_PDF.name)]
+    assert not unlinked, f"pages without the whole-book PDF in their download menu: {unlinked}"

@@ -37,6 +37,10 @@
    term as a main index entry of that chapter (in the search index only, when the chapter's
    page is written), and ``tools/search_scorer.js`` (``html_search_scorer``) puts that
    chapter first, then its sections titled with the term, then the glossary's definition.
+9. The whole book as one PDF: ``make pdf`` writes ``_build/pdf/course_attn.pdf``
+   (``tools/print_pdf.py``). When it exists, the html builder copies it into the site
+   (``course_attn.pdf`` at the root) and every page's download menu gets an entry for it
+   (course.js, from ``window.COURSE_BOOK_PDF``); without it, neither (no dead link).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import json
 import os
 import posixpath
 import re
+import shutil
 from pathlib import Path
 
 from docutils import nodes
@@ -250,10 +255,34 @@ def _search_scorer(app: Sphinx, config: Config) -> None:
         config.html_search_scorer = str(Path(__file__).resolve().parent / "search_scorer.js")
 
 
+BOOK_PDF = Path("_build") / "pdf" / "course_attn.pdf"  # written by make pdf
+
+
+def _book_pdf(app: Sphinx) -> Path | None:
+    pdf = Path(app.srcdir) / BOOK_PDF
+    return pdf if app.builder.name == "html" and pdf.is_file() else None
+
+
+def _book_pdf_link(app: Sphinx, pagename: str, templatename: str, context: dict,
+                   doctree: object) -> None:
+    if _book_pdf(app) is not None:
+        target = json.dumps(context["pathto"](BOOK_PDF.name, 1))
+        app.add_js_file(None, body=f"window.COURSE_BOOK_PDF = {target};")
+
+
+def _copy_book_pdf(app: Sphinx, exception: Exception | None) -> None:
+    pdf = _book_pdf(app)
+    if exception is None and pdf is not None:
+        shutil.copyfile(pdf, Path(app.outdir) / BOOK_PDF.name)
+        logger.info("course_site: %s copied into the site", BOOK_PDF)
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _course_static)
     app.connect("config-inited", _search_scorer)
     app.connect("doctree-resolved", _teaching_entries)
+    app.connect("html-page-context", _book_pdf_link)
+    app.connect("build-finished", _copy_book_pdf)
     app.add_css_file("course.css")
     app.add_js_file("course.js", loading_method="defer")
     app.add_post_transform(SolutionCells)

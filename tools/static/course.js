@@ -12,7 +12,8 @@
    - a figure (SVG) is shown large enough for its smallest text to be 12 px (11 px on a
      phone, where a figure too wide for the screen then scrolls in its own box);
    Everything is measured again when the column changes width (window, sidebars).
-   Below: a phone's sidebar drawers close after a tap on a link. */
+   Below: a phone's sidebar drawers close after a tap on a link; the download menu offers
+   the whole book as one PDF when the site has it. */
 (function () {
   "use strict";
   var MIN_SCALE = 0.8, PHONE_MIN_SCALE = 0.7;  // under 576 px (course.css's phone)
@@ -225,6 +226,23 @@
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", drawers);
   else drawers();
+
+  // The whole book as one PDF (make pdf; tools/course_site.py sets COURSE_BOOK_PDF when the
+  // site has it): an entry of the download menu, under the page's own ".pdf".
+  function bookPdf() {
+    var menu = document.querySelector(".dropdown-download-buttons ul.dropdown-menu");
+    if (!window.COURSE_BOOK_PDF || !menu || menu.querySelector(".course-book-pdf")) return;
+    var item = document.createElement("li"), link = document.createElement("a");
+    link.href = window.COURSE_BOOK_PDF;
+    link.className = "btn btn-sm dropdown-item course-book-pdf";
+    link.title = "The whole course as one PDF";
+    link.innerHTML = '<span class="btn__icon-container"><i class="fas fa-book"></i></span>' +
+      '<span class="btn__text-container">whole book .pdf</span>';
+    item.appendChild(link);
+    menu.appendChild(item);
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", bookPdf);
+  else bookPdf();
 
   // tests/site_check.py: fit everything again (every image loaded) and wait for it
   window.courseSite = {fit: fitAll};
