@@ -1,10 +1,13 @@
 """The built site in a real headless Chromium, offline (``make site``, after ``make html``).
 
 Every page of ``_toc.yml``, the general index and the search page are served from
-``_build/html`` on 127.0.0.1 and loaded in Debian's Chromium, once in a 1280 px window (every
-check) and once in a 400 px one (a phone: the layout checks); any request to another host is
-aborted and counted as a failure. A few searches look for raw TeX in the results. See
-``tests/site_check.py`` for what is checked on each page. Without Chromium (or without a
+``_build/html`` on 127.0.0.1 and loaded in Debian's Chromium, once in a 1280 px window that
+draws scroll bars as Windows does (every check) and once in a 400 px one (a phone: the layout
+checks); any request to another host is aborted and counted as a failure. A few searches look
+for raw TeX in the results and for the chapter that teaches a term as the first result; a
+touch screen opens chapter 4's contents drawer. Where ``make pdf`` has run, the PDF of the
+whole book is read (``tests/pdf_text.py``) and checked. See ``tests/site_check.py`` for what
+is checked on each page. Without Chromium (or without a
 built site) the tests skip, except with ``CI=true``, where they fail; so does the check of
 the Chinese glyphs without a CJK font (Debian: fonts-noto-cjk).
 """
