@@ -83,9 +83,13 @@ site: $(STAMP)
 
 # The unit tests and the perturbed nbval pass side by side (each log printed whole when it
 # ends): the pass runs one notebook at a time on one thread, and CI's machine has two cores.
+# Then the PDF (where Chromium is, as in CI; the site test skips its PDF checks elsewhere),
+# the site that links it, and the browser test of both.
+CHROMIUM := $(shell command -v chromium 2>/dev/null)
+
 test: lint
 	$(MAKE) --no-print-directory -j2 --output-sync=target unit nbval-perturbed
-	$(MAKE) --no-print-directory html site
+	$(MAKE) --no-print-directory $(if $(CHROMIUM),pdf) html site
 
 notebooks: $(STAMP)
 	@for nb in $(NB); do \
