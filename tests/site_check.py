@@ -98,14 +98,18 @@ def notebook_source(doc: str, root: Path = ROOT) -> Path | None:
 
 
 def saved_widget_views(notebook: Path) -> int:
-    """Widget views the notebook's outputs hold (what the page must render)."""
+    """Widgets the notebook's outputs hold with their figures drawn ahead (what the page
+    must show: ``viz.interactive_plot``'s HTML, which the site prefers to the widget view)."""
     nb = json.loads(notebook.read_text())
     count = 0
     for cell in nb["cells"]:
         tags = set(cell.get("metadata", {}).get("tags", []))
         if cell["cell_type"] != "code" or tags & {"remove-output", "remove-cell"}:
             continue
-        count += sum(WIDGET_VIEW in out.get("data", {}) for out in cell.get("outputs", []))
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            count += WIDGET_VIEW in data and 'class="course-widget"' in "".join(
+                data.get("text/html", ""))
     return count
 
 
@@ -313,32 +317,50 @@ _CHECK_MATH = r"""async () => {
   return out;
 }"""
 
-_VIEWS = """() => Array.from(document.querySelectorAll(
-    'script[type="application/vnd.jupyter.widget-view+json"]'))"""
-
-_WAIT_WIDGETS = f"""() => ({_VIEWS})().every(
-    s => s.parentElement.querySelector('.widget-subarea .jupyter-widgets'))"""
-
-# Each saved view: did the manager draw it (visible, with which widget classes), and is a
-# static figure (an output image outside every widget) placed after it on the page?
-_CHECK_WIDGETS = f"""() => {{
+# Each chapter's widget as the site shows it (src/course_attn/lab/site_frames.py): its own
+# controls over figures drawn ahead. Per widget: its controls, the one figure shown and its
+# alt text, a static figure (an output image outside every widget) after it; then each
+# control is moved to another value, as a reader would, and the figure shown must change
+# (and move back).
+_CHECK_WIDGETS = """() => {
+  const shownFrames = box => Array.from(box.querySelectorAll('img.course-widget-frame'))
+      .filter(img => !img.hidden && img.getBoundingClientRect().width > 0);
   const fallbacks = Array.from(document.querySelectorAll('.cell_output img'))
-      .filter(img => !img.closest('.widget-subarea, .jupyter-widgets'));
-  return ({_VIEWS})().map((script, index) => {{
-    let model = '?';
-    try {{ model = JSON.parse(script.textContent).model_id; }} catch (e) {{}}
-    const area = script.parentElement.querySelector('.widget-subarea');
-    const widget = area && area.querySelector('.jupyter-widgets');
-    const box = widget ? widget.getBoundingClientRect() : null;
-    const classes = widget ? Array.from(area.querySelectorAll('[class*="widget-"]'))
-        .flatMap(el => Array.from(el.classList)).filter(c => c.startsWith('widget-')) : [];
-    const kinds = Array.from(new Set(classes));
+      .filter(img => !img.closest('.course-widget'));
+  const move = (control, back) => {
+    if (control.type === 'checkbox') control.checked = !control.checked;
+    else if (control.tagName === 'SELECT') {
+      const n = control.options.length;
+      control.selectedIndex = (control.selectedIndex + (back ? n - 1 : 1)) % n;
+    } else {
+      const n = Number(control.max) + 1;
+      control.value = String((Number(control.value) + (back ? n - 1 : 1)) % n);
+    }
+    control.dispatchEvent(new Event('input', {bubbles: true}));
+    control.dispatchEvent(new Event('change', {bubbles: true}));
+  };
+  return Array.from(document.querySelectorAll('div.course-widget')).map((box, index) => {
+    const controls = Array.from(box.querySelectorAll('[data-control]'));
+    const first = shownFrames(box);
+    const moves = controls.map(control => {
+      const label = (control.closest('label') || control).textContent.trim().split(/\\s+/)[0];
+      const before = shownFrames(box).map(img => img.src);
+      move(control, false);
+      const after = shownFrames(box).map(img => img.src);
+      move(control, true);
+      const back = shownFrames(box).map(img => img.src);
+      return {label, shown: after.length, changed: after.length === 1 && after[0] !== before[0],
+              restored: back.join() === before.join()};
+    });
     const after = fallbacks.filter(img =>
-        script.compareDocumentPosition(img) & Node.DOCUMENT_POSITION_FOLLOWING);
-    return {{index, model, rendered: !!widget, visible: !!box && box.width > 0 && box.height > 0,
-             kinds, fallbacks_after: after.length, fallbacks_total: fallbacks.length}};
-  }});
-}}"""
+        box.compareDocumentPosition(img) & Node.DOCUMENT_POSITION_FOLLOWING);
+    return {index, controls: controls.length, frames: box.querySelectorAll('img').length,
+            shown: first.length, alt: first.length ? first[0].alt : '', moves,
+            fallbacks_after: after.length, fallbacks_total: fallbacks.length,
+            views: box.closest('.cell_output').querySelectorAll(
+                'script[type="application/vnd.jupyter.widget-view+json"]').length};
+  });
+}"""
 
 _COLLECT = """() => {
   document.querySelectorAll('img[loading="lazy"]').forEach(img => { img.loading = 'eager'; });
@@ -988,23 +1010,32 @@ def _check_math(page, report: PageReport) -> None:
 
 
 def _check_widgets(page, report: PageReport) -> None:
-    try:
-        page.wait_for_function(_WAIT_WIDGETS, timeout=TIMEOUT_MS)
-    except Exception:
-        pass  # the per-view check below names each view that did not render
     views = page.evaluate(_CHECK_WIDGETS)
     report.widgets = len(views)
     for view in views:
-        name = f"view {view['index']} (model {view['model']})"
-        if not view["rendered"]:
-            report.widget_errors.append(f"{name} did not render as a widget")
-        elif not view["visible"]:
-            report.widget_errors.append(f"{name} rendered with zero size")
+        name = f"widget {view['index'] + 1}"
+        if view["controls"] == 0 or view["frames"] < 2:
+            report.widget_errors.append(f"{name}: {view['controls']} controls, "
+                                        f"{view['frames']} figures (nothing to move)")
+        if view["shown"] != 1:
+            report.widget_errors.append(f"{name} shows {view['shown']} figures, not 1")
+        elif not view["alt"].strip():
+            report.widget_errors.append(f"{name}: its figure has no alt text")
+        if view["views"]:
+            report.widget_errors.append(f"{name}: the widget view (which needs a kernel) "
+                                        f"is on the page too")
+        for move in view["moves"]:
+            if not move["changed"]:
+                report.widget_errors.append(f"{name}: moving {move['label']!r} did not change "
+                                            f"the figure ({move['shown']} shown)")
+            elif not move["restored"]:
+                report.widget_errors.append(f"{name}: moving {move['label']!r} back did not "
+                                            f"bring the figure back")
         if view["fallbacks_after"] == 0:
             report.widget_errors.append(f"{name} has no static fallback figure after it")
     if views and views[0]["fallbacks_total"] < len(views):
         report.widget_errors.append(
-            f"{len(views)} widget views but {views[0]['fallbacks_total']} static figures")
+            f"{len(views)} widgets but {views[0]['fallbacks_total']} static figures")
 
 
 def _check_icon(icon: str | None, base_url: str, report: PageReport,

@@ -50,7 +50,9 @@ def test_the_reference_runs_every_case_of_the_plan(name):
     assert result.passed and result.checked == _plan(name), str(result)
     text = str(result)
     assert text.startswith(f"check.{name}: passed, {len(result.checked)} cases:")
-    assert all(f"  - {case}" in text for case in result.checked)
+    flat = " ".join(text.split())  # the report folds long cases at REPORT_WIDTH
+    assert all(f"- {' '.join(case.split())}" in flat for case in result.checked)
+    assert max(map(len, text.splitlines())) <= check.report.REPORT_WIDTH, text
 
 
 @pytest.mark.parametrize("name", list(check.CHECKS))
@@ -68,9 +70,11 @@ def test_a_function_not_written_yet_says_so_and_what_will_be_tested(name):
     result = check.CHECKS[name](Stub if "Attention" in check.NAMES[name] else stub)
     assert not result.passed and not result.written and result.failure is None
     lines = str(result).splitlines()
-    assert lines[0] == (f"check.{name}: not written yet (it raises NotImplementedError); "
-                        "this check will test:")
-    assert lines[1:] == [f"  - {case}" for case in plan]
+    assert lines[:2] == [f"check.{name}: not written yet (it raises NotImplementedError);",
+                         "this check will test:"]
+    cases = "\n".join(lines[2:]).replace("\n    ", " ").splitlines()  # unfold long cases
+    assert cases == [f"  - {' '.join(case.split())}" for case in plan]
+    assert max(map(len, lines)) <= check.report.REPORT_WIDTH
     assert "Traceback" not in str(result)
 
 
@@ -100,8 +104,9 @@ def test_a_failure_prints_case_input_expected_got_and_hint_in_that_order():
         "  input:    x = [[1000, 999, 998]], temperature = 1\n"
         "  expected: [[0.665, 0.245, 0.09]]\n"
         "  got:      [[nan, nan, nan]]\n"
-        "  hint:     your softmax gives NaN for scores of 1000: exp(1000) is inf and inf / inf "
-        "is NaN; subtract each row's maximum first (section 1.6, Numerical stability)")
+        "  hint:     your softmax gives NaN for scores of 1000: exp(1000) is inf and inf\n"
+        "            / inf is NaN; subtract each row's maximum first (section 1.6,\n"
+        "            Numerical stability)")
 
 
 def test_results_are_frozen_and_ipython_shows_them_as_print_does():

@@ -13,7 +13,8 @@
      phone, where a figure too wide for the screen then scrolls in its own box);
    Everything is measured again when the column changes width (window, sidebars).
    Below: a phone's sidebar drawers close after a tap on a link; the download menu offers
-   the whole book as one PDF when the site has it. */
+   the whole book as one PDF when the site has it; each chapter's widget, drawn ahead,
+   shows the figure of the values its controls pick. */
 (function () {
   "use strict";
   var MIN_SCALE = 0.8, PHONE_MIN_SCALE = 0.7;  // under 576 px (course.css's phone)
@@ -164,6 +165,36 @@
     });
   }
 
+  // A widget drawn ahead (src/course_attn/lab/site_frames.py): no kernel runs on the site,
+  // so its controls pick which of its figures, drawn for every combination of their values
+  // while the notebook ran, is shown (the key: each control's index, joined by commas).
+  function widgetValue(control) {
+    return control.type === "checkbox" ? (control.checked ? 1 : 0) : Number(control.value);
+  }
+
+  function siteWidget(box) {
+    var controls = Array.prototype.slice.call(box.querySelectorAll("[data-control]"))
+      .sort(function (a, b) { return a.dataset.control - b.dataset.control; });
+    var frames = box.querySelectorAll("img.course-widget-frame");
+    function show() {
+      var key = controls.map(widgetValue).join(",");
+      controls.forEach(function (control) {
+        var shown = control.parentElement.querySelector("output");
+        if (shown && control.dataset.labels) {
+          shown.textContent = JSON.parse(control.dataset.labels)[widgetValue(control)];
+        }
+      });
+      frames.forEach(function (img) {
+        img.hidden = img.dataset.key !== key;
+        if (!img.hidden) fitFigure(img);
+      });
+    }
+    controls.forEach(function (control) {
+      control.addEventListener("input", show);
+      control.addEventListener("change", show);
+    });
+  }
+
   function fitFormulas() {
     document.querySelectorAll(DISPLAY).forEach(fitDisplay);
     document.querySelectorAll(INLINE).forEach(fitInline);
@@ -243,6 +274,13 @@
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", bookPdf);
   else bookPdf();
+
+  function siteWidgets() { document.querySelectorAll("div.course-widget").forEach(siteWidget); }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", siteWidgets);
+  } else {
+    siteWidgets();
+  }
 
   // tests/site_check.py: fit everything again (every image loaded) and wait for it
   window.courseSite = {fit: fitAll};

@@ -18,6 +18,7 @@ import dataclasses
 import inspect
 import math
 import re
+import textwrap
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -111,6 +112,20 @@ class Failure:
     hint: str
 
 
+#: A report's lines are at most this wide: the site's code column shows 84 characters.
+REPORT_WIDTH = 80
+
+
+def _wrap(label: str, text: str) -> str:
+    """``label + text`` folded at :data:`REPORT_WIDTH`, later lines under the text's start;
+    a text of several lines (a printed tensor) keeps its own lines."""
+    if "\n" in text:
+        return label + text.replace("\n", "\n" + " " * len(label))
+    return textwrap.fill(text, REPORT_WIDTH, initial_indent=label,
+                         subsequent_indent=" " * len(label), break_long_words=False,
+                         break_on_hyphens=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckResult:
     """The answer of one check of ``course_attn.check`` (Chapters 1-11).
@@ -130,23 +145,23 @@ class CheckResult:
 
     def __str__(self) -> str:
         if not self.written:
-            lines = [f"check.{self.name}: not written yet (it raises NotImplementedError); "
+            lines = [f"check.{self.name}: not written yet (it raises NotImplementedError);",
                      "this check will test:"]
-            lines += [f"  - {case}" for case in self.checked]
+            lines += [_wrap("  - ", case) for case in self.checked]
             return "\n".join(lines)
         if self.passed:
             lines = [f"check.{self.name}: passed, {len(self.checked)} cases:"]
-            lines += [f"  - {case}" for case in self.checked]
+            lines += [_wrap("  - ", case) for case in self.checked]
             return "\n".join(lines)
         assert self.failure is not None  # a written check that did not pass has a failure
         f = self.failure
         lines = [f"check.{self.name}: FAILED after {len(self.checked)} passing case"
                  f"{'' if len(self.checked) == 1 else 's'}",
-                 f"  case:     {f.case}",
-                 f"  input:    {f.inputs}",
-                 f"  expected: {f.expected}",
-                 f"  got:      {f.got}",
-                 f"  hint:     {f.hint}"]
+                 _wrap("  case:     ", f.case),
+                 _wrap("  input:    ", f.inputs),
+                 _wrap("  expected: ", f.expected),
+                 _wrap("  got:      ", f.got),
+                 _wrap("  hint:     ", f.hint)]
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:

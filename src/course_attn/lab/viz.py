@@ -15,9 +15,10 @@ luminance), and tick labels that would collide are thinned or turned.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 import matplotlib.pyplot as plt
@@ -533,15 +534,22 @@ def plot_distribution(
     return ax
 
 
-def interactive_plot(draw: Callable[..., object], **controls: object):
+def interactive_plot(draw: Callable[..., object], *,
+                     site_values: Mapping[str, Sequence[object]] | None = None,
+                     **controls: object):
     """Wrap ``draw(**values)`` in ipywidgets controls; return the widget (every chapter).
 
-    ``controls`` are ipywidgets (sliders, dropdowns). ``draw`` must draw one
-    figure through this module's functions; it is re-run on every change.
-    The returned ``ipywidgets.interactive`` keeps its last figure in its saved
-    state, so the static site shows it too.
+    ``controls`` are ipywidgets (sliders, dropdowns, checkboxes). ``draw`` must draw one
+    figure through this module's functions; it is re-run on every change. Displayed, the
+    widget also gives its figure drawn ahead for a grid of its controls' values
+    (:mod:`~course_attn.lab.site_frames`), so that it moves on the static site too;
+    ``site_values`` picks the values of some controls for that grid (for instance
+    ``site_values={"t_q": [1, 256, 1024]}``), which may hold at most
+    :data:`~course_attn.lab.site_frames.MAX_FRAMES` figures.
     """
     import ipywidgets as widgets
+
+    from .site_frames import controls_grid
 
     if not callable(draw):
         raise TypeError(f"draw must be callable, got {type(draw).__name__}")
@@ -557,12 +565,32 @@ def interactive_plot(draw: Callable[..., object], **controls: object):
         # The default label column is narrow and cuts names such as "temperature".
         if hasattr(control, "style") and hasattr(control.style, "description_width"):
             control.style.description_width = "initial"
+    grid = controls_grid(controls, site_values)  # refuses a grid too large before drawing
 
     def _draw(**values: object) -> None:
         draw(**values)
         plt.show()
 
-    return widgets.interactive(_draw, **controls)
+    widget = _site_interactive()(_draw, **controls)
+    widget.site_grid = grid
+    widget.site_draw = draw
+    return widget
+
+
+@functools.cache
+def _site_interactive() -> type:
+    """``ipywidgets.interactive`` whose display also holds the site's figures (HTML)."""
+    import ipywidgets as widgets
+
+    from .site_frames import site_html
+
+    class SiteInteractive(widgets.interactive):
+        def _repr_mimebundle_(self, **kwargs: object) -> dict:
+            bundle = super()._repr_mimebundle_(**kwargs)
+            bundle["text/html"] = site_html(self.site_draw, self.site_grid)
+            return bundle
+
+    return SiteInteractive
 
 
 _BLOCK_COLOURS = ("#f2f2f2", "#9ecae1", "#2171b5")  # skipped, partly masked, full
