@@ -10,7 +10,7 @@ SANITIZE := tests/nbval_sanitize.cfg
 export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: help setup assets book html pdf test lint unit nbval nbval-perturbed site \
+.PHONY: help setup book html pdf test lint unit nbval nbval-perturbed site \
         notebooks lab bench lock clean
 
 help:
@@ -33,12 +33,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
-# require.js and the ipywidgets manager from npm (pinned, sha512-checked) into _static_vendor/;
-# without npm a notice and the CDN defaults (an error when CI=true). See tools/fetch_assets.py.
-assets: $(STAMP)
-	$(BIN)/python tools/fetch_assets.py
-
-html: $(STAMP) assets
+html: $(STAMP)
 	rm -rf _build/html _build/.doctrees
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
@@ -48,7 +43,7 @@ book: html
 # The whole book as one PDF, without LaTeX: Sphinx's single-page HTML of every page, printed by
 # the headless Chromium the site test uses (tools/print_pdf.py; about half a minute). A later
 # make html copies it into the site and links it from every page (tools/course_site.py).
-pdf: $(STAMP) assets
+pdf: $(STAMP)
 	rm -rf _build/singlehtml _build/.doctrees
 	$(BIN)/jupyter-book build . --builder singlehtml -W -n --keep-going
 	$(BIN)/python tools/print_pdf.py _build/singlehtml _build/pdf/course_attn.pdf

@@ -2,7 +2,7 @@
 
 Used by ``tests/test_site.py``. The site is served from a local ``http.server`` thread; the
 browser may reach that server and nothing else: every other request is aborted and
-recorded. ``check_page`` loads one page, waits for MathJax and the widget manager, and
+recorded. ``check_page`` loads one page, waits for MathJax, moves each widget's controls, and
 returns a :class:`PageReport` whose ``failures()`` lists every problem found, each naming
 the page (and the formula, link, image or widget concerned). ``check_layout_pages`` loads
 pages again in a narrow window (a phone, 400 px) for the layout checks only. The layout
@@ -173,11 +173,17 @@ class _ResourceParser(html.parser.HTMLParser):
             self.urls.append(a.get("href", ""))
 
 
-def remote_resources(page_file: Path) -> list[str]:
-    """Scripts, stylesheets and images that a built page loads from another host."""
+def page_resources(page_file: Path) -> list[str]:
+    """Scripts, stylesheets and images that a built page makes the browser load."""
     parser = _ResourceParser()
     parser.feed(page_file.read_text(encoding="utf-8"))
-    return [u for u in parser.urls if re.match(r"(?i)^(?:[a-z][a-z0-9+.-]*:)?//", u)]
+    return parser.urls
+
+
+def remote_resources(page_file: Path) -> list[str]:
+    """Scripts, stylesheets and images that a built page loads from another host."""
+    return [u for u in page_resources(page_file)
+            if re.match(r"(?i)^(?:[a-z][a-z0-9+.-]*:)?//", u)]
 
 
 def tree_size(path: Path) -> int:

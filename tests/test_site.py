@@ -126,7 +126,7 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
     pages = [reports[doc] for doc in PAGES]
     narrow = [reports[f"{doc}@{sc.NARROW}"] for doc in PAGES]
     svg = [r for r in pages + narrow if r.smallest_svg_text_px is not None]
-    sizes = {name: sc.tree_size(site / "_static" / name) for name in ("mathjax", "widgets")}
+    sizes = {name: sc.tree_size(site / "_static" / name) for name in ("mathjax",)}
     summary = {
         "pages": len(pages),
         "chapter_pages": len(CHAPTERS),
@@ -176,8 +176,7 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
             t=summary["tables"], **{k: ", ".join(f"{v} {kind}" for kind, v in
                                                  summary["scrolling_boxes"][width].items())
                                     for k, width in (("a", sc.WIDE), ("b", sc.NARROW))}),
-        f"local assets in _build/html/_static: MathJax {sizes['mathjax'] / 1e6:.1f} MB, "
-        f"widget scripts {sizes['widgets'] / 1e6:.1f} MB "
+        f"local assets in _build/html/_static: MathJax {sizes['mathjax'] / 1e6:.1f} MB "
         f"(whole site {summary['site_bytes'] / 1e6:.1f} MB); details in _build/site_report.json",
     ]
     return reports
@@ -290,11 +289,23 @@ def test_phone_contents_drawer_closes_after_a_tap(crawl, pytestconfig):
 
 
 @pytest.mark.parametrize("doc", CHAPTERS)
-def test_every_saved_widget_view_is_on_the_page(crawl, doc):
+def test_every_saved_widget_is_on_the_page_and_moves(crawl, doc):
+    """Each widget the notebook saves is on the page with its figures drawn ahead (the
+    crawl moved each of its controls: failures name one that did not change the figure)."""
     expected = sc.saved_widget_views(sc.notebook_source(doc))
+    assert expected >= 1, f"{doc}: the chapter saves no widget with its figures drawn ahead"
     assert crawl[doc].widgets == expected, (
-        f"{doc}.html: the notebook saves {expected} widget view(s), "
+        f"{doc}.html: the notebook saves {expected} widget(s), "
         f"the page shows {crawl[doc].widgets}")
+    assert not crawl[doc].widget_errors, crawl[doc].widget_errors
+
+
+def test_no_page_loads_a_widget_script(site):
+    """The site's widgets need no ipywidgets script (tools/course_site.py, item 1)."""
+    loaded = {doc: [u for u in sc.page_resources(site / f"{doc}.html")
+                    if re.search(r"require\.js|embed-amd|html-manager", u)]
+              for doc in DOCS if (site / f"{doc}.html").is_file()}
+    assert not {doc: urls for doc, urls in loaded.items() if urls}, loaded
 
 
 def test_pages_load_nothing_from_other_hosts(site):
@@ -303,13 +314,15 @@ def test_pages_load_nothing_from_other_hosts(site):
     remote = {doc: sc.remote_resources(site / f"{doc}.html") for doc in DOCS
               if (site / f"{doc}.html").is_file()}
     remote = {doc: urls for doc, urls in remote.items() if urls}
-    assert not remote, ("pages load files from other hosts (was the site built without "
-                        f"`make assets`, i.e. without npm?): {remote}")
+    assert not remote, f"pages load files from other hosts: {remote}"
 
 
 # ------------------------------------------------------------- the checker itself fails
 
 _MATH_SPAN = '<span class="math notranslate nohighlight">{}</span>'
+# a 40 x 20 black rectangle, as a widget's figure drawn ahead (base64 of an SVG)
+_DOT_SVG = ("PHN2ZyB4bWxucz0iaHR0cDovL3d3dy53My5vcmcvMjAwMC9zdmciIHdpZHRo"
+            "PSI0MCIgaGVpZ2h0PSIyMCI+PHJlY3Qgd2lkdGg9IjQwIiBoZWlnaHQ9IjIwIi8+PC9zdmc+")
 _INJECTED = {
     # what is injected into the page -> what the report must name
     _MATH_SPAN.format(r"\(\frac{a}{b\)"): r"\frac{a}{b",  # unbalanced brace
@@ -317,6 +330,12 @@ _INJECTED = {
     _MATH_SPAN.format(r"\(\nosuchmacro{x}\)"): r"\nosuchmacro",  # undefined macro
     '<img alt="remote" src="https://example.com/pixel.png">': "https://example.com/pixel.png",
     '<a href="no_such_page.html">dangling</a>': "no_such_page.html",
+    # a widget whose second value has no figure drawn: moving it shows nothing
+    '<div class="cell_output"><div class="course-widget"><div class="course-widget-controls">'
+    '<label>dead <select data-control="0"><option value="0" selected>a</option>'
+    '<option value="1">b</option></select></label></div><img class="course-widget-frame" '
+    'data-key="0" alt="a" src="data:image/svg+xml;base64,' + _DOT_SVG + '"></div></div>':
+        "moving 'dead' did not change the figure",
 }
 
 

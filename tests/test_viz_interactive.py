@@ -92,8 +92,9 @@ def test_a_grid_too_large_or_naming_a_missing_control_is_refused():
 
 
 def test_the_display_holds_one_figure_per_combination_the_start_one_shown():
-    import base64
     import re
+    import urllib.parse
+    from xml.etree import ElementTree
 
     seen = []
 
@@ -111,13 +112,40 @@ def test_the_display_holds_one_figure_per_combination_the_start_one_shown():
     page = bundle["text/html"]
     assert sorted(seen) == sorted((q, o) for q in "xyz" for o in (False, True))
     frames = re.findall(r'<img class="course-widget-frame" data-key="([\d,]+)"( hidden)?'
-                        r' alt="([^"]*)" src="data:image/svg\+xml;base64,([^"]+)"', page)
+                        r' alt="([^"]*)" src="data:image/svg\+xml,([^"]+)"', page)
     assert sorted(key for key, *_ in frames) == [f"{q},{o}" for q in range(3) for o in (0, 1)]
     shown = [(key, alt) for key, hidden, alt, _ in frames if not hidden]
     assert shown == [("1,0", "on False, query y (query y, on off)")]
-    svg = base64.b64decode(frames[0][3]).decode()
-    assert svg.startswith("<?xml") and "<svg" in svg and "on False, query x" in svg
+    svg = urllib.parse.unquote(frames[0][3])
+    assert svg.startswith("<svg") and "on False, query x" in svg
+    ElementTree.fromstring(svg)  # a whole SVG document
     assert page.count('data-control="') == 2 and '<select data-control="0">' in page
     assert widget._repr_mimebundle_()["text/html"] == page  # the same bytes when run again
     assert plt.get_fignums() == open_before  # every figure drawn ahead is closed
     plt.close("all")
+
+
+def test_a_compact_svg_keeps_every_element_and_text_style_but_the_repeats():
+    import io
+    from xml.etree import ElementTree
+
+    from course_attn.lab.site_frames import compact_svg
+
+    viz.use_sharp_figures()
+    _, ax = plt.subplots(figsize=(3, 2))
+    ax.set_title("title")
+    ax.text(0.5, 0.5, "mono", family="monospace")
+    buffer = io.StringIO()
+    ax.figure.savefig(buffer, format="svg")
+    plt.close("all")
+    svg = buffer.getvalue()
+    small = compact_svg(svg)
+    assert len(small) < 0.8 * len(svg)
+    def texts(document):
+        return [(el.text, el.get("x"), el.get("y")) for el in ElementTree.fromstring(
+            document).iter("{http://www.w3.org/2000/svg}text")]
+
+    assert texts(small) == texts(svg) and len(texts(svg)) >= 3
+    assert "text{font-family:'DejaVu Sans','Verdana','Arial',sans-serif}" in small
+    assert "font-family: 'DejaVu Sans Mono'" in small or "monospace" in small
+    assert "rotate(-0 " not in small and "<metadata>" not in small

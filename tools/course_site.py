@@ -1,43 +1,37 @@
 """Sphinx extension: make the course site self-contained and free of console errors.
 
-1. Local widget scripts. ``tools/fetch_assets.py`` puts the pinned npm files into
-   ``_static_vendor/static/``. When they are there, that folder joins ``html_static_path``
-   (the files land in ``_build/html/_static/widgets/``) and myst-nb's ``nb_ipywidgets_js``
-   points at them instead of its CDN defaults. When they are missing: a printed notice and
-   the CDN defaults, so the book still builds; with ``CI=true`` that is an error.
-   (MathJax is served locally by the ``sphinx-mathjax-offline`` extension.)
-2. On pages with widgets, two small inline scripts:
-   - a require.js ``paths`` entry for the html-manager's ``dist/`` folder. The manager finds
-     its font files relative to the AMD module's URL, which require.js otherwise guesses
-     from the page's own folder (``notebooks/@jupyter-widgets/...``, a 404);
-   - ipywidgets typesets widget labels with the MathJax 2 call ``MathJax.Hub.Queue``; the
-     site runs MathJax 3, which has no ``Hub``, so that call is routed to
-     ``MathJax.typesetPromise`` (otherwise every labelled widget throws a TypeError).
+1. No ipywidgets scripts: a chapter's widget saves its figures drawn ahead as HTML with
+   controls of its own (``src/course_attn/lab/site_frames.py``), which the site shows instead
+   of the widget view (``nb_mime_priority_overrides`` in ``_config.yml``); ``course.js``
+   switches them. Without a kernel the ipywidgets manager could only draw controls that do
+   nothing, so myst-nb is told to load none (``nb_ipywidgets_js``). MathJax is served
+   locally by the ``sphinx-mathjax-offline`` extension.
+2. Every figure a cell outputs opens at full size when clicked (a link to the image file,
+   added when the page loads): the column shows figures at most 700 px wide. The figures
+   of a widget are data, not files, and stay unlinked.
 3. Exact duplicate inline scripts are dropped: under Sphinx 7 the inline ``<script>`` bodies
    that extensions add while reading (sphinx-thebe's ``const THEBE_JS_URL ...``) are
    written twice, and the second ``const`` is a SyntaxError in the console of every page.
-4. Every figure a cell outputs opens at full size when clicked (a link to the image file,
-   added when the page loads): the column shows figures at most 700 px wide.
-5. ``tools/static/course.css`` and ``course.js``: pages that fit a phone and a laptop. A
+4. ``tools/static/course.css`` and ``course.js``: pages that fit a phone and a laptop. A
    formula a little too wide is drawn smaller; what still does not fit (code, long formulas,
    figures on a phone) scrolls inside its own box, whose hidden side fades out; inline
    formulas are no scroll boxes (no scroll bar under each where scroll bars show); tables fit
    a phone; figures are shown large enough for 12 px text (11 px on a phone); long inline
    code breaks, and the page itself is never wider than the screen (``tests/site_check.py``
    measures every page at 400 px and 1280 px).
-6. Exercise solutions (code cells tagged ``hide-input``, with ``hide-output`` or as
+5. Exercise solutions (code cells tagged ``hide-input``, with ``hide-output`` or as
    ``hide-cell``) fold behind one toggle titled "Solution" instead of myst-nb's "Show code
    cell source" and a second "Show code cell output": :class:`SolutionCells` runs just before
    myst-nb's own fold and folds code and output together where the tags hide both.
-7. ``tools/static/course_search.js`` on the search page: formulas in the result titles and
+6. ``tools/static/course_search.js`` on the search page: formulas in the result titles and
    snippets become plain text instead of TeX source; a snippet is taken from the article (not
    the page's table of contents), and a glossary hit shows the term's definition.
-8. Search ranks the chapter that teaches a term first. The glossary lists each term under
+7. Search ranks the chapter that teaches a term first. The glossary lists each term under
    the chapter that introduces it ("## Chapter 8: ..."); :func:`_teaching_entries` adds the
    term as a main index entry of that chapter (in the search index only, when the chapter's
    page is written), and ``tools/search_scorer.js`` (``html_search_scorer``) puts that
    chapter first, then its sections titled with the term, then the glossary's definition.
-9. The whole book as one PDF: ``make pdf`` writes ``_build/pdf/course_attn.pdf``
+8. The whole book as one PDF: ``make pdf`` writes ``_build/pdf/course_attn.pdf``
    (``tools/print_pdf.py``). When it exists, the html builder copies it into the site
    (``course_attn.pdf`` at the root) and every page's download menu gets an entry for it
    (course.js, from ``window.COURSE_BOOK_PDF``); without it, neither (no dead link).
@@ -46,8 +40,6 @@
 from __future__ import annotations
 
 import json
-import os
-import posixpath
 import re
 import shutil
 from pathlib import Path
@@ -56,38 +48,15 @@ from docutils import nodes
 from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.config import Config
-from sphinx.errors import ExtensionError
 from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util import logging
 
 logger = logging.getLogger(__name__)
 
-VENDOR = "_static_vendor"
-# Paths relative to _static/ (Sphinx prefixes a relative script path with _static/).
-# require.js first: embed-amd.js registers itself as an AMD module.
-WIDGET_SCRIPTS = {
-    "widgets/requirejs/require.js": {},
-    "widgets/html-manager/dist/embed-amd.js": {},
-}
-HTML_MANAGER_MODULE = "@jupyter-widgets/html-manager/dist"
-
-MATHJAX2_HUB_SHIM = """\
-document.addEventListener("DOMContentLoaded", function () {
-  var mj = window.MathJax;
-  if (!mj || !mj.startup || mj.Hub) return;
-  mj.Hub = {Queue: function (command) {
-    var element = command && command[2];
-    mj.startup.promise = mj.startup.promise.then(function () {
-      return mj.typesetPromise(element ? [element] : undefined);
-    });
-  }};
-});"""
-
-
 FIGURE_LINKS = """\
 document.addEventListener("DOMContentLoaded", function () {
   document.querySelectorAll(".cell_output img").forEach(function (img) {
-    if (img.closest("a")) return;
+    if (img.closest("a, .course-widget")) return;
     var link = document.createElement("a");
     link.href = img.getAttribute("src");
     link.target = "_blank";
@@ -132,44 +101,8 @@ class SolutionCells(SphinxPostTransform):
             node["classes"].append("course-solution")
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
-def _use_local_widget_scripts(app: Sphinx, config: Config) -> None:
-    vendor = Path(app.srcdir) / VENDOR
-    manifest = vendor / "manifest.json"
-    files = json.loads(manifest.read_text())["files"] if manifest.is_file() else {}
-    served = vendor / "static"
-    missing = [rel for rel in WIDGET_SCRIPTS if rel not in files or not (served / rel).is_file()]
-    if missing:
-        message = (f"{VENDOR}/ lacks {', '.join(missing)} (run `make assets`, which needs npm); "
-                   "widget pages load require.js and the ipywidgets manager from CDNs")
-        if _in_ci():
-            raise ExtensionError(message + ". CI must build the self-contained site.")
-        logger.info("NOTICE: %s", message, color="red")
-        return
-    config.html_static_path = [*config.html_static_path, str(served)]
-    config.nb_ipywidgets_js = dict(WIDGET_SCRIPTS)
-    logger.info("course_site: widget scripts served from _static/widgets/")
-
-
-def _widget_page_scripts(app: Sphinx, pagename: str, templatename: str, context: dict,
-                         doctree: object) -> None:
-    from myst_nb.sphinx_ import NbMetadataCollector
-
-    if "ipywidgets_state" not in NbMetadataCollector.get_js_files(app.env, pagename):
-        return
-    embed = next((uri for uri in app.config.nb_ipywidgets_js if uri.endswith("embed-amd.js")),
-                 None)
-    if embed is not None:
-        dist = posixpath.dirname(embed)
-        if "://" not in dist:
-            dist = context["pathto"](f"_static/{dist}", 1)
-        paths = json.dumps({"paths": {HTML_MANAGER_MODULE: dist}})
-        # A global `require` object before require.js loads is read as its configuration.
-        app.add_js_file(None, priority=499, body=f"var require = {paths};")
-    app.add_js_file(None, body=MATHJAX2_HUB_SHIM)
+def _no_widget_scripts(app: Sphinx, config: Config) -> None:
+    config.nb_ipywidgets_js = {}
 
 
 def _figure_links(app: Sphinx, pagename: str, templatename: str, context: dict,
@@ -288,8 +221,7 @@ def setup(app: Sphinx) -> dict:
     app.add_post_transform(SolutionCells)
     app.connect("html-page-context", _search_page_script)
     # After myst-nb registered nb_ipywidgets_js, before it reads it at builder-inited.
-    app.connect("config-inited", _use_local_widget_scripts)
-    app.connect("html-page-context", _widget_page_scripts)
+    app.connect("config-inited", _no_widget_scripts)
     app.connect("html-page-context", _figure_links)
     app.connect("html-page-context", _drop_duplicate_inline_scripts, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

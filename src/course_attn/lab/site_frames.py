@@ -15,18 +15,19 @@ author gives; at most :data:`MAX_FRAMES` figures in all.
 
 from __future__ import annotations
 
-import base64
 import html
 import io
 import itertools
 import json
 import math
+import re
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 
-__all__ = ["MAX_FRAMES", "SLIDER_STOPS", "Control", "controls_grid", "site_html"]
+__all__ = ["MAX_FRAMES", "SLIDER_STOPS", "Control", "compact_svg", "controls_grid", "site_html"]
 
 #: At most this many values of one slider are drawn ahead (its start value among them).
 SLIDER_STOPS = 7
@@ -88,7 +89,8 @@ def _slider(name: str, control: object, wanted: Sequence[object] | None) -> Cont
         values = sorted({*wanted, value})
     fmt = getattr(c, "readout_format", "d")
     labels = [format(v, fmt) for v in values]
-    return Control(name, c.description, "slider", tuple(values), tuple(labels),
+    description = c.description  # type: ignore[attr-defined]
+    return Control(name, description, "slider", tuple(values), tuple(labels),
                    values.index(value))
 
 
@@ -157,6 +159,37 @@ def _figure_svg(figure: object) -> str:
     return keep_spaces(buffer.getvalue()) or ""
 
 
+_FAMILY = re.compile(r"font-family: ('DejaVu Sans', 'Verdana', 'Arial', sans-serif); ")
+
+
+def compact_svg(svg: str) -> str:
+    """``svg`` drawn the same, in fewer bytes: a widget saves dozens of figures.
+
+    Drops the XML prolog and the metadata, the indentation between tags, the identity
+    ``rotate(-0 x y)`` of each text, and the font family every text repeats (one style rule
+    instead; a text with another family keeps its own, which wins over the rule).
+    """
+    svg = svg[svg.index("<svg"):]
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
+    svg = re.sub(r">\n\s*<", "><", svg)
+    svg = re.sub(r' transform="rotate\(-0 [-\d.e]+ [-\d.e]+\)"', "", svg)
+    family = _FAMILY.search(svg)
+    if family is not None:
+        svg = _FAMILY.sub("", svg)
+        rule = "text{font-family:" + family.group(1).replace(", ", ",") + "}"
+        svg = svg.replace("<defs><style type=\"text/css\">", "<defs><style type=\"text/css\">"
+                          + rule, 1) if "<defs><style" in svg else svg.replace(
+            ">", f"><defs><style>{rule}</style></defs>", 1)
+    return svg
+
+
+def _data_url(svg: str) -> str:
+    """A data URL of ``svg`` for an HTML attribute in double quotes: percent-encoded where
+    a URL or the attribute needs it (``%``, ``#``, quotes, ``&``, line ends, non-ASCII),
+    smaller than base64 by about a quarter."""
+    return "data:image/svg+xml," + urllib.parse.quote(svg, safe=" !$'()*+,-./:;=?@[]^_`{|}~<>")
+
+
 def _titles(figure: object) -> str:
     suptitle = getattr(figure, "_suptitle", None)
     titles = [suptitle.get_text()] if suptitle is not None and suptitle.get_text() else []
@@ -211,10 +244,9 @@ def site_html(draw: Callable[..., object], grid: Sequence[Control]) -> str:
         key = ",".join(map(str, combo))
         hidden = "" if combo == start else " hidden"
         for svg, titles in _draw_frame(draw, values):
-            data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
             alt = html.escape(f"{titles} ({said})" if titles else said, quote=True)
             parts.append(f'<img class="course-widget-frame" data-key="{key}"{hidden}'
-                         f' alt="{alt}" src="data:image/svg+xml;base64,{data}">')
+                         f' alt="{alt}" src="{_data_url(compact_svg(svg))}">')
     frames = math.prod(len(c.values) for c in grid)
     parts.append(f'</div><p class="course-widget-note">Drawn ahead for {frames} '
                  f'combinations of these values; run the notebook to try any value.</p></div>')
