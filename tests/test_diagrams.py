@@ -541,6 +541,13 @@ def test_minigpt_architecture_follows_the_model_modules(draw, n_layers):
         assert hasattr(model, name) and name in graph.nodes
     block = model.blocks[0]
     assert block.norm_first and all(hasattr(block, m) for m in ("norm1", "norm2", "ff"))
+    fig = draw("minigpt_architecture", n_layers=n_layers, render=True)
+    assert f"× N N = {n_layers}" in flat(fig)  # the blocks are one block repeated N times
+    renderer, ax = fig.canvas.get_renderer(), fig.axes[0]
+    times_n = next(t for t in ax.texts if t.get_text() == "× N").get_window_extent(renderer)
+    (_, first), (left, last) = ax.transData.transform(
+        [graph.nodes["blocks[0]"][:2], graph.nodes[f"blocks[{n_layers - 1}]"][::3]])
+    assert times_n.x1 < left and first <= times_n.y0 <= last  # beside the stack of blocks
     inner = {(a.removeprefix("block: "), b.removeprefix("block: "))
              for a, b in graph.pairs() if a.startswith("block: ")}
     assert inner == {("x", "norm1"), ("norm1", "attn"), ("attn", "add1"), ("x", "add1"),
