@@ -471,6 +471,14 @@ def test_flash_attention_tiles_reads_blocks_in_and_writes_only_the_output(draw):
     assert sum(n.startswith("HBM: ") for n in graph.nodes) == 4 * 4
 
 
+def test_flash_attention_tiles_names_the_running_sum_as_the_pseudocode_does(draw):
+    """Issue 35: the SRAM box wrote "m, ℓ, acc" above pseudocode, and chapter 9's code cells,
+    that write l. One name for the running sum: l, the name in the code."""
+    text = flat(draw("flash_attention_tiles"))
+    assert "ℓ" not in text
+    assert "m, l, acc" in text and "update m, l, acc" in text and "O_i = acc / l" in text
+
+
 @pytest.mark.parametrize("i, j, omega", [(3, 1, 0.5), (0, 4, 1.0), (6, 6, 0.25)])
 def test_rope_rotation_turns_each_pair_by_its_position_times_omega(draw, i, j, omega):
     graph = diagram_graph(draw("rope_rotation", i=i, j=j, omega=omega))
