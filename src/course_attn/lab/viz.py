@@ -329,7 +329,9 @@ def plot_mask(
     """A boolean ``(T_q, T_k)`` mask as a grid (Chapter 5): dark = may attend, light = blocked.
 
     Cells read "1" (``True``, may attend) or "0" (blocked), as in the course's
-    convention; rows are queries, columns keys.
+    convention; rows are queries, columns keys. The figure says so itself: the key axis is
+    labelled "key (1 = may attend)" ("key (dark = may attend)" for a mask too large to
+    number its cells), unless ``title`` already says what may attend.
     """
     data = _to_numpy(mask, "mask")
     if data.ndim != 2:
@@ -348,9 +350,11 @@ def plot_mask(
     ax.set_yticks(range(data.shape[0]), labels=y_labels or _numbers(data.shape[0]))
     if x_labels is not None and max((len(str(s)) for s in x_labels), default=0) > 3:
         ax.tick_params(axis="x", labelrotation=45)
-    if data.size <= 256:
+    numbered = data.size <= 256
+    if numbered:
         _annotate_cells(ax, image, data, lambda value: str(int(value)))
-    ax.set_xlabel("key")
+    said = title is not None and "may attend" in title
+    ax.set_xlabel("key" if said else f"key ({'1' if numbered else 'dark'} = may attend)")
     ax.set_ylabel("query")
     if title:
         ax.set_title(title)
