@@ -5,8 +5,13 @@ it, so notebooks stay short and tests can inspect what was drawn.
 
 Figures are made for the site's 700 px column (at most :data:`COLUMN_WIDTH` inches wide)
 and stay readable on a phone: every text a function draws is at least
-:func:`readable_font_size` of its figure's width, so it is 9 px tall or more on a phone
-400 px wide, where a figure takes the whole width of the screen (``tools/static/course.css``).
+:func:`readable_font_size` of its figure's width, so it is :data:`MIN_TEXT_PX` (9 px) tall
+or more even where a phone 400 px wide squeezes the figure into the width of its screen
+(``tools/static/course.css``). That is the floor the drawing itself guarantees. The site
+shows every figure larger than that: ``tools/static/course.js`` widens a figure until its
+smallest text is 12 px on a 1280 px screen and 11 px on a 400 px phone (where a figure then
+wider than the screen scrolls sideways in its own box), and ``tests/site_check.py``
+measures both in a browser.
 :func:`use_sharp_figures` makes a notebook show its figures as SVG, with heatmap images
 inside at twice a screen's resolution. Numbers written on cells
 are black or white, whichever contrasts more with the cell's colour (WCAG relative
@@ -49,7 +54,9 @@ __all__ = [
 
 #: The narrowest screen the site is read on, in CSS pixels (a phone held upright).
 PHONE_WIDTH_PX = 400
-#: The smallest text a figure may show on that screen, in CSS pixels.
+#: The smallest text a figure may show on that screen, in CSS pixels, when the figure is
+#: squeezed into the screen's width: what :func:`readable_font_size` guarantees. The site
+#: shows figures larger (text of 11 px on a phone, 12 px at 1280 px: ``course.js``).
 MIN_TEXT_PX = 9.0
 #: The margin, in inches, that a notebook's tight bounding box adds on each side of a figure.
 TIGHT_MARGIN = 0.1
