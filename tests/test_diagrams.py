@@ -471,6 +471,14 @@ def test_flash_attention_tiles_reads_blocks_in_and_writes_only_the_output(draw):
     assert sum(n.startswith("HBM: ") for n in graph.nodes) == 4 * 4
 
 
+def test_flash_attention_tiles_names_the_running_sum_as_the_pseudocode_does(draw):
+    """Issue 35: the SRAM box wrote "m, ℓ, acc" above pseudocode, and chapter 9's code cells,
+    that write l. One name for the running sum: l, the name in the code."""
+    text = flat(draw("flash_attention_tiles"))
+    assert "ℓ" not in text
+    assert "m, l, acc" in text and "update m, l, acc" in text and "O_i = acc / l" in text
+
+
 @pytest.mark.parametrize("i, j, omega", [(3, 1, 0.5), (0, 4, 1.0), (6, 6, 0.25)])
 def test_rope_rotation_turns_each_pair_by_its_position_times_omega(draw, i, j, omega):
     graph = diagram_graph(draw("rope_rotation", i=i, j=j, omega=omega))
@@ -541,6 +549,13 @@ def test_minigpt_architecture_follows_the_model_modules(draw, n_layers):
         assert hasattr(model, name) and name in graph.nodes
     block = model.blocks[0]
     assert block.norm_first and all(hasattr(block, m) for m in ("norm1", "norm2", "ff"))
+    fig = draw("minigpt_architecture", n_layers=n_layers, render=True)
+    assert f"× N N = {n_layers}" in flat(fig)  # the blocks are one block repeated N times
+    renderer, ax = fig.canvas.get_renderer(), fig.axes[0]
+    times_n = next(t for t in ax.texts if t.get_text() == "× N").get_window_extent(renderer)
+    (_, first), (left, last) = ax.transData.transform(
+        [graph.nodes["blocks[0]"][:2], graph.nodes[f"blocks[{n_layers - 1}]"][::3]])
+    assert times_n.x1 < left and first <= times_n.y0 <= last  # beside the stack of blocks
     inner = {(a.removeprefix("block: "), b.removeprefix("block: "))
              for a, b in graph.pairs() if a.startswith("block: ")}
     assert inner == {("x", "norm1"), ("norm1", "attn"), ("attn", "add1"), ("x", "add1"),

@@ -499,7 +499,7 @@ def test_plot_mask_draws_the_mask():
     drawn = ax.images[0].get_array()
     assert drawn.shape == (2, 4) and (drawn == mask.numpy()).all()
     assert [t.get_text() for t in ax.texts] == [str(int(m)) for m in mask.flatten().tolist()]
-    assert ax.get_title() == "bottom-right" and ax.get_xlabel() == "key"
+    assert ax.get_title() == "bottom-right" and ax.get_xlabel() == "key (1 = may attend)"
     plt.close(ax.figure)
     with pytest.raises(ValueError, match="mask"):
         plot_mask(torch.ones(2, 2, 2, dtype=torch.bool))

@@ -69,6 +69,40 @@ def test_mask_cells_follow_the_same_rule():
     assert cells[(0, 2)].get_text() == "0" and cells[(0, 2)].get_color() == "black"  # light
 
 
+def test_a_mask_says_what_1_means_readably_on_a_phone():
+    """Issue 35: chapter 5's mask panels showed 1s and 0s and never said which was which.
+    The key axis says it (the course's convention: True = may attend), in text a 400 px
+    phone shows at 9 px or more, inside the figure, also in chapter 5's two side-by-side
+    panels of 3 queries by 6 keys; a mask too large to number says what dark means; a title
+    that already says it is not repeated."""
+    causal = torch.tril(torch.ones(3, 6, dtype=torch.bool), diagonal=3)
+    fig, axes = plt.subplots(1, 2, figsize=(7, 2.6))  # chapter 5, section 5.3
+    for ax, title in zip(axes, ("causal_mask(3, 6):\nbottom-right", "top-left"), strict=True):
+        viz.plot_mask(causal, [f"k{j}" for j in range(6)],
+                      [f"q{i} (pos {i + 3})" for i in range(3)], ax=ax, title=title)
+        assert ax.get_xlabel() == "key (1 = may attend)"
+        cells = _cell_texts(ax)
+        assert cells[(0, 0)].get_text() == "1" and causal[0, 0]  # 1 is True: may attend
+        assert cells[(0, 5)].get_text() == "0" and not causal[0, 5]
+    fig.tight_layout()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    smallest = viz.readable_font_size(fig.get_size_inches()[0])
+    boxes = [ax.xaxis.label.get_window_extent(renderer) for ax in axes]
+    for ax, box in zip(axes, boxes, strict=True):
+        assert ax.xaxis.label.get_fontsize() >= smallest
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.width and 0 <= box.y0
+    assert not boxes[0].overlaps(boxes[1])
+
+    big = viz.plot_mask(torch.tril(torch.ones(20, 20, dtype=torch.bool)))  # 400 cells
+    assert not big.texts and big.get_xlabel() == "key (dark = may attend)"
+    image = big.images[0]
+    dark, light = image.cmap(image.norm(1.0)), image.cmap(image.norm(0.0))
+    assert _luminance(dark) < _luminance(light)  # True is the dark colour
+    said = viz.plot_mask(causal, title="Sliding window, W = 3 (1 = may attend)")
+    assert said.get_xlabel() == "key"  # chapter 10's title already says it
+
+
 def test_heads_annotations_use_luminance_and_a_readable_size():
     weights = torch.tensor([[[0.05, 0.30], [0.10, 0.95]]])
     (ax,) = viz.plot_heads(weights, annotate=True)

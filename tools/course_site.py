@@ -35,6 +35,14 @@
    (``tools/print_pdf.py``). When it exists, the html builder copies it into the site
    (``course_attn.pdf`` at the root) and every page's download menu gets an entry for it
    (course.js, from ``window.COURSE_BOOK_PDF``); without it, neither (no dead link).
+10. Figures and equations are numbered by chapter, as in print: the second numbered figure
+    of chapter 4 is "Figure 4.2" and its third numbered equation "(4.3)". Sphinx numbers
+    them by section number, which needs a numbered table of contents; the chapters number
+    their own headings ("Chapter 4: ...", "4.2 ..."), and a numbered toctree would number
+    them again. Without it, Sphinx counts through the whole book ("Figure 17"), so
+    :func:`_number_by_chapter` puts the chapter's number (from the notebook's file name,
+    ``notebooks/04_...``) in front and counts each chapter from 1 (``numfig_format`` in
+    ``_config.yml`` spells "Figure %s").
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from docutils import nodes
 from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.config import Config
+from sphinx.environment import BuildEnvironment
 from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util import logging
 
@@ -188,6 +197,27 @@ def _search_scorer(app: Sphinx, config: Config) -> None:
         config.html_search_scorer = str(Path(__file__).resolve().parent / "search_scorer.js")
 
 
+CHAPTER_PAGE = re.compile(r"notebooks/(\d+)_")
+
+
+def _number_by_chapter(app: Sphinx, env: BuildEnvironment) -> list[str]:
+    """Give every numbered figure, equation (``displaymath``) and other numbered node of a
+    chapter page the number ``(chapter, k)``, k counting from 1 in the page's order.
+
+    Runs after Sphinx's ``TocTreeCollector.assign_figure_numbers`` (same event, later
+    priority), which rebuilds ``env.toc_fignumbers`` on every build; captions and references
+    read the numbers from it.
+    """
+    for docname, by_type in env.toc_fignumbers.items():
+        chapter = CHAPTER_PAGE.match(docname)
+        if not chapter:
+            continue
+        for numbers in by_type.values():  # {node id: number}, inserted in document order
+            for k, node_id in enumerate(numbers, start=1):
+                numbers[node_id] = (int(chapter.group(1)), k)
+    return []
+
+
 BOOK_PDF = Path("_build") / "pdf" / "course_attn.pdf"  # written by make pdf
 
 
@@ -216,6 +246,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("doctree-resolved", _teaching_entries)
     app.connect("html-page-context", _book_pdf_link)
     app.connect("build-finished", _copy_book_pdf)
+    app.connect("env-get-updated", _number_by_chapter, priority=900)
     app.add_css_file("course.css")
     app.add_js_file("course.js", loading_method="defer")
     app.add_post_transform(SolutionCells)

@@ -5,8 +5,13 @@ it, so notebooks stay short and tests can inspect what was drawn.
 
 Figures are made for the site's 700 px column (at most :data:`COLUMN_WIDTH` inches wide)
 and stay readable on a phone: every text a function draws is at least
-:func:`readable_font_size` of its figure's width, so it is 9 px tall or more on a phone
-400 px wide, where a figure takes the whole width of the screen (``tools/static/course.css``).
+:func:`readable_font_size` of its figure's width, so it is :data:`MIN_TEXT_PX` (9 px) tall
+or more even where a phone 400 px wide squeezes the figure into the width of its screen
+(``tools/static/course.css``). That is the floor the drawing itself guarantees. The site
+shows every figure larger than that: ``tools/static/course.js`` widens a figure until its
+smallest text is 12 px on a 1280 px screen and 11 px on a 400 px phone (where a figure then
+wider than the screen scrolls sideways in its own box), and ``tests/site_check.py``
+measures both in a browser.
 :func:`use_sharp_figures` makes a notebook show its figures as SVG, with heatmap images
 inside at twice a screen's resolution. Numbers written on cells
 are black or white, whichever contrasts more with the cell's colour (WCAG relative
@@ -50,7 +55,9 @@ __all__ = [
 
 #: The narrowest screen the site is read on, in CSS pixels (a phone held upright).
 PHONE_WIDTH_PX = 400
-#: The smallest text a figure may show on that screen, in CSS pixels.
+#: The smallest text a figure may show on that screen, in CSS pixels, when the figure is
+#: squeezed into the screen's width: what :func:`readable_font_size` guarantees. The site
+#: shows figures larger (text of 11 px on a phone, 12 px at 1280 px: ``course.js``).
 MIN_TEXT_PX = 9.0
 #: The margin, in inches, that a notebook's tight bounding box adds on each side of a figure.
 TIGHT_MARGIN = 0.1
@@ -330,7 +337,9 @@ def plot_mask(
     """A boolean ``(T_q, T_k)`` mask as a grid (Chapter 5): dark = may attend, light = blocked.
 
     Cells read "1" (``True``, may attend) or "0" (blocked), as in the course's
-    convention; rows are queries, columns keys.
+    convention; rows are queries, columns keys. The figure says so itself: the key axis is
+    labelled "key (1 = may attend)" ("key (dark = may attend)" for a mask too large to
+    number its cells), unless ``title`` already says what may attend.
     """
     data = _to_numpy(mask, "mask")
     if data.ndim != 2:
@@ -349,9 +358,11 @@ def plot_mask(
     ax.set_yticks(range(data.shape[0]), labels=y_labels or _numbers(data.shape[0]))
     if x_labels is not None and max((len(str(s)) for s in x_labels), default=0) > 3:
         ax.tick_params(axis="x", labelrotation=45)
-    if data.size <= 256:
+    numbered = data.size <= 256
+    if numbered:
         _annotate_cells(ax, image, data, lambda value: str(int(value)))
-    ax.set_xlabel("key")
+    said = title is not None and "may attend" in title
+    ax.set_xlabel("key" if said else f"key ({'1' if numbered else 'dark'} = may attend)")
     ax.set_ylabel("query")
     if title:
         ax.set_title(title)

@@ -45,8 +45,9 @@ ROLE_COLORS: dict[str, str] = {
 HEAD_COLORS: tuple[str, ...] = ("#77AADD", "#EE8866", "#BBCC33", "#FFAABB")
 
 # A 7-inch figure is 504 pt wide, 518 pt with the 0.1-inch margin a notebook's tight
-# bounding box adds; shown 400 px wide on a phone, 11.7 pt is then 9.03 px, over the 9 px
-# the site allows (viz.readable_font_size). One size for all text.
+# bounding box adds; squeezed to 400 px on a phone, 11.7 pt is then 9.03 px, over the 9 px
+# floor of viz.readable_font_size (the site then shows it larger: 11 px text on a phone, 12 px
+# on a laptop, tools/static/course.js). One size for all text.
 FONT = 11.7
 HEADING = 12.7  # the name of a panel
 TITLE = 14.0

@@ -53,7 +53,7 @@ def _sram(s: Sketch, wires: dict[str, float], current: dict[str, int]) -> None:
     i, j = current["Q"], current["K"]
     for matrix, role in _HBM_ROWS:
         name = "SRAM: acc" if matrix == "O" else f"SRAM: {matrix}"
-        text = "m, ℓ, acc" if matrix == "O" else f"{matrix}{subscript(i if matrix == 'Q' else j)}"
+        text = "m, l, acc" if matrix == "O" else f"{matrix}{subscript(i if matrix == 'Q' else j)}"
         box = s.box(name, 4.65, wires[matrix], 0.95, _TILE_H, text, role, fill=0.6)
         src = f"HBM: {matrix}{current[matrix]}"
         block = s.record.nodes[src]

@@ -11,6 +11,7 @@ from matplotlib.patches import FancyBboxPatch
 from ..._validation import check_nonnegative_int
 from ._draw import (
     HEADING,
+    INK,
     NOTE,
     ROLE_COLORS,
     WIDTH,
@@ -66,6 +67,21 @@ def _gpt_stack(s: Sketch, y: float, n_layers: int) -> None:
         previous, y = name, box["top"]
     s.label("logits", _GPT_X, y + 0.32, "logits " + shape_text(("B", "T", "V")), va="bottom")
     s.arrow((_GPT_X, y), (_GPT_X, y + 0.28), "lm_head", "logits")
+    _repeat_bracket(s, n_layers)
+
+
+def _repeat_bracket(s: Sketch, n_layers: int) -> None:
+    """A bracket left of ``blocks[0]`` ... ``blocks[N-1]``, "× N": the blocks are one block
+    repeated N times (with N = ``n_layers`` written under it), not N different things."""
+    bottom = s.record.nodes["blocks[0]"][1]
+    top = s.record.nodes[f"blocks[{n_layers - 1}]"][3]
+    x, tick = _GPT_X - _GPT_W / 2 - 0.16, 0.09
+    s.ax.plot([x + tick, x, x, x + tick], [bottom, bottom, top, top], color=INK, lw=1.3,
+              solid_joinstyle="miter")
+    middle = (bottom + top) / 2
+    s.text(x - 0.08, middle + 0.03, "× N", HEADING, ha="right", va="bottom",
+           fontweight="bold")
+    s.text(x - 0.08, middle - 0.03, f"N = {n_layers}", ha="right", va="top", color=NOTE)
 
 
 def _gpt_block(s: Sketch, top: float) -> None:
