@@ -35,7 +35,7 @@
    (``tools/print_pdf.py``). When it exists, the html builder copies it into the site
    (``course_attn.pdf`` at the root) and every page's download menu gets an entry for it
    (course.js, from ``window.COURSE_BOOK_PDF``); without it, neither (no dead link).
-10. Figures and equations are numbered by chapter, as in print: the second numbered figure
+9. Figures and equations are numbered by chapter, as in print: the second numbered figure
     of chapter 4 is "Figure 4.2" and its third numbered equation "(4.3)". Sphinx numbers
     them by section number, which needs a numbered table of contents; the chapters number
     their own headings ("Chapter 4: ...", "4.2 ..."), and a numbered toctree would number
