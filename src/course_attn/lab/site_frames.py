@@ -16,7 +16,6 @@ author gives; at most :data:`MAX_FRAMES` figures in all.
 from __future__ import annotations
 
 import html
-import io
 import itertools
 import json
 import math
@@ -26,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 __all__ = ["MAX_FRAMES", "SLIDER_STOPS", "Control", "compact_svg", "controls_grid", "site_html"]
 
@@ -148,17 +148,6 @@ def controls_grid(controls: Mapping[str, object],
     return grid
 
 
-def _figure_svg(figure: object) -> str:
-    from .viz import IMAGE_DPI, keep_spaces
-
-    buffer = io.StringIO()
-    # a fixed salt and no date: the same figure gives the same bytes on every run
-    with plt.rc_context({"svg.hashsalt": "course_attn"}):
-        figure.savefig(buffer, format="svg", bbox_inches="tight",  # type: ignore[attr-defined]
-                       dpi=IMAGE_DPI, metadata={"Date": None})
-    return keep_spaces(buffer.getvalue()) or ""
-
-
 _FAMILY = re.compile(r"font-family: ('DejaVu Sans', 'Verdana', 'Arial', sans-serif); ")
 
 
@@ -197,20 +186,25 @@ def _titles(figure: object) -> str:
     return "; ".join(titles)
 
 
-def _draw_frame(draw: Callable[..., object], values: dict[str, object]) -> list[tuple[str, str]]:
+def _draw_frame(draw: Callable[..., object], values: dict[str, object],
+                to_svg: Callable[[Figure], str]) -> list[tuple[str, str]]:
     """(SVG, titles) of each figure ``draw(**values)`` opens; the figures are closed."""
     before = set(plt.get_fignums())
     try:
         draw(**values)
         opened = [n for n in plt.get_fignums() if n not in before]
-        return [(_figure_svg(plt.figure(n)), _titles(plt.figure(n))) for n in opened]
+        return [(to_svg(plt.figure(n)), _titles(plt.figure(n))) for n in opened]
     finally:
         for n in set(plt.get_fignums()) - before:
             plt.close(n)
 
 
-def site_html(draw: Callable[..., object], grid: Sequence[Control]) -> str:
+def site_html(draw: Callable[..., object], grid: Sequence[Control],
+              to_svg: Callable[[Figure], str]) -> str:
     """The widget as the site shows it: its controls and a figure for every combination.
+
+    ``to_svg`` writes one figure as an SVG document (``viz`` passes its own, the way a
+    notebook shows figures).
 
     Each figure is an ``<img>`` of an SVG (its own ids stay its own), with the figure's
     titles and the values as its alt text; only the start combination is shown.
@@ -243,7 +237,7 @@ def site_html(draw: Callable[..., object], grid: Sequence[Control]) -> str:
                          for c, k in zip(grid, combo, strict=True))
         key = ",".join(map(str, combo))
         hidden = "" if combo == start else " hidden"
-        for svg, titles in _draw_frame(draw, values):
+        for svg, titles in _draw_frame(draw, values, to_svg):
             alt = html.escape(f"{titles} ({said})" if titles else said, quote=True)
             parts.append(f'<img class="course-widget-frame" data-key="{key}"{hidden}'
                          f' alt="{alt}" src="{_data_url(compact_svg(svg))}">')

@@ -21,6 +21,7 @@ luminance), and tick labels that would collide are thinned or turned.
 from __future__ import annotations
 
 import functools
+import io
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -588,6 +589,16 @@ def interactive_plot(draw: Callable[..., object], *,
     return widget
 
 
+def _figure_svg(figure: Figure) -> str:
+    """``figure`` as the SVG a notebook shows (:func:`use_sharp_figures`): images at
+    :data:`IMAGE_DPI`, no date, a fixed salt for ids, so the same figure gives the same bytes."""
+    buffer = io.StringIO()
+    with plt.rc_context({"svg.hashsalt": "course_attn", "svg.fonttype": "none"}):
+        figure.savefig(buffer, format="svg", bbox_inches="tight", dpi=IMAGE_DPI,
+                       metadata={"Date": None})
+    return keep_spaces(buffer.getvalue()) or ""
+
+
 @functools.cache
 def _site_interactive() -> type:
     """``ipywidgets.interactive`` whose display also holds the site's figures (HTML)."""
@@ -598,7 +609,7 @@ def _site_interactive() -> type:
     class SiteInteractive(widgets.interactive):
         def _repr_mimebundle_(self, **kwargs: object) -> dict:
             bundle = super()._repr_mimebundle_(**kwargs)
-            bundle["text/html"] = site_html(self.site_draw, self.site_grid)
+            bundle["text/html"] = site_html(self.site_draw, self.site_grid, _figure_svg)
             return bundle
 
     return SiteInteractive
