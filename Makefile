@@ -11,7 +11,7 @@ export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: help setup book html pdf test lint unit nbval nbval-perturbed site \
-        notebooks lab bench lock clean
+        notebooks figures lab bench lock clean
 
 help:
 	@echo "make book       build the site into _build/html (creates .venv on first run)"
@@ -20,6 +20,7 @@ help:
 	@echo "make test       lint, unit tests, strict nbval under perturbed numerics, -W book build,"
 	@echo "                browser site test"
 	@echo "make notebooks  re-execute notebooks in place (NB=notebooks/01_*.ipynb for one)"
+	@echo "make figures    write the prose's quoted figures from the committed outputs"
 	@echo "make lab        JupyterLab on the course"
 	@echo "make bench      speed benchmarks"
 
@@ -86,14 +87,24 @@ test: lint
 	$(MAKE) --no-print-directory -j2 --output-sync=target unit nbval-perturbed
 	$(MAKE) --no-print-directory $(if $(CHROMIUM),pdf) html site
 
+# After executing a chapter, the figures its prose quotes are written from the cells that
+# glued them, with the time the execution took (tools/prose_figures.py, issue 39).
 notebooks: $(STAMP)
 	@for nb in $(NB); do \
-	  echo "executing $$nb"; \
+	  echo "executing $$nb"; start=$$(date +%s); \
 	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=1200 --ExecutePreprocessor.kernel_name=python3 \
 	    --ExecutePreprocessor.record_timing=False --ExecutePreprocessor.store_widget_state=True \
 	    "$$nb" || exit 1; \
+	  $(BIN)/python tools/prose_figures.py fill "$$nb" --run-seconds $$(( $$(date +%s) - start )) \
+	    || exit 1; \
 	done
+
+# Rewrite the quoted figures of the prose from the committed outputs, without executing
+# (after editing a chapter's markdown); `check` lists stale quotes and typed figures.
+figures: $(STAMP)
+	$(BIN)/python tools/prose_figures.py fill $(NB)
+	$(BIN)/python tools/prose_figures.py check $(NB) $(wildcard book/*.md)
 
 lab: $(STAMP)
 	$(BIN)/python -c 'import jupyterlab' 2>/dev/null || $(BIN)/python -m pip install --quiet jupyterlab==4.6.6

@@ -65,6 +65,8 @@ from .lab.analysis import (
     offset_attention_score,
 )
 from .lab.experiments import block_gradient_norms, cross_cache_step_ms, decode_step_seconds
+from .lab.glue import glue
+from .lab.records import GPU_RECORDS, gpu_record
 from .models.encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
 from .models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
 from .modern.alibi import alibi_attention, alibi_bias, alibi_slopes
@@ -81,6 +83,9 @@ from .modern.rope import apply_rope, apply_rotary, rope_cos_sin, rope_rotation, 
 from .modern.sliding_window import RollingKVCache, sliding_window_attention, sliding_window_mask
 
 __all__ = [
+    "GPU_RECORDS",
+    "glue",
+    "gpu_record",
     "CharCorpus",
     "CharTokenizer",
     "CopyTask",
