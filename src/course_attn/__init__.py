@@ -66,6 +66,7 @@ from .lab.analysis import (
 )
 from .lab.experiments import block_gradient_norms, cross_cache_step_ms, decode_step_seconds
 from .lab.glue import glue
+from .lab.hbm_traffic import HBM_ALGORITHMS, HBMTraffic, flash_block_sizes, hbm_traffic
 from .lab.records import GPU_RECORDS, gpu_record
 from .models.encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
 from .models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
@@ -84,6 +85,10 @@ from .modern.sliding_window import RollingKVCache, sliding_window_attention, sli
 
 __all__ = [
     "GPU_RECORDS",
+    "HBM_ALGORITHMS",
+    "HBMTraffic",
+    "flash_block_sizes",
+    "hbm_traffic",
     "glue",
     "gpu_record",
     "CharCorpus",
