@@ -330,6 +330,49 @@ def test_fused_path_zeroes_fully_masked_rows_whatever_the_kernel_returns(dtype, 
     assert (out[:, :2] == 0).all() and (out[:, 2:].abs().sum(-1) > 0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_path_gradients_stay_finite_whatever_the_kernel_does_with_empty_rows(
+        dtype, monkeypatch):
+    """On an H200, cuDNN's float16 and bfloat16 kernel with a boolean mask gave a row with no
+    allowed key a nonzero output and NaN gradients (benchmarks/records/
+    h200-2026-11-28-empty-rows.md); zeroing the output afterwards does not stop the NaN.
+
+    The spy plays such a kernel (NaN in the rows with no allowed key, forward and backward);
+    ``attention`` must keep every gradient finite, as chapter 5 promises.
+    """
+    real = F.scaled_dot_product_attention
+    seen_empty_rows = []
+
+    def kernel_with_nan_rows(q, k, v, attn_mask=None, **kwargs):
+        out = real(q, k, v, attn_mask=attn_mask, **kwargs)
+        if attn_mask is not None:
+            no_key = ~attn_mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+            seen_empty_rows.append(bool(no_key.any()))
+            if no_key.any():  # (0 * NaN is NaN: the spy touches nothing else)
+                out = torch.where(no_key, out * float("nan"), out)
+        return out
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", kernel_with_nan_rows)
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(2, 4, 6, generator=g).to(dtype).requires_grad_()
+               for _ in range(3))
+    mask = torch.ones(2, 4, 4, dtype=torch.bool).tril()
+    mask[0, :2] = False  # two queries with no key
+    out, _ = attention(q, k, v, mask, impl="sdpa")
+    out.float().sum().backward()
+    assert seen_empty_rows == [False]  # the kernel never saw an empty row
+    assert (out[0, :2] == 0).all() and torch.isfinite(out).all()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    assert (q.grad[0, :2] == 0).all()  # an empty row's query gets no gradient
+    expected = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    attention(q, k, v, mask, impl="manual")[0].float().sum().backward()
+    tol = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {}
+    for got, manual in zip(expected, (q.grad, k.grad, v.grad), strict=True):
+        assert_close(got, manual, **tol)
+
+
 def test_a_cpu_mask_follows_the_queries_device():
     q = torch.randn(1, 3, 4, device="meta")
     out, _ = attention(q, q, q, causal_mask(3), impl="sdpa")

@@ -116,8 +116,14 @@ def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
     FlashAttention kernel. Everything else gets one explicit mask, the causal part
     aligned bottom-right (PyTorch's ``is_causal`` aligns top-left when the lengths
     differ): boolean, or float when a ``bias`` comes along (the bias, ``-inf`` where
-    blocked; PyTorch adds a float mask to the scores). Rows with no allowed key are set
-    to zero afterwards: PyTorch's GPU kernels do not promise zeros there in half precision.
+    blocked; PyTorch adds a float mask to the scores).
+
+    A row with no allowed key never reaches PyTorch's kernel as one: the kernel is told that
+    such a row may attend every key (all finite: the unreachable ones are zeroed first), and
+    the row's output is set to zero afterwards, which also stops every gradient from it.
+    PyTorch's CPU kernels would give zeros by themselves (since PyTorch 2.5), but its cuDNN
+    kernel on a GPU, in float16 and bfloat16 with a boolean mask, gives such a row a nonzero
+    output and NaN gradients (``benchmarks/records/h200-2026-11-28-empty-rows.md``).
     """
     if is_causal and mask is None and bias is None and q.shape[-2] == k.shape[-2]:
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
@@ -125,18 +131,20 @@ def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
         return out, None
     if is_causal:
         mask = with_causal(mask, q.shape[-2], k.shape[-2], q.device)  # (..., T_q, T_k)
+    has_key: Tensor | None = None
+    if mask is not None:
+        k, v = zero_unreachable_keys(k, v, mask)  # padded keys: contained, as on every path
+        has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1): False on an empty row
+        mask = mask | ~has_key  # (..., T_q, T_k): an empty row may attend every key
     attn_mask: Tensor | None = mask
     if bias is not None:
         bias = bias.to(q.dtype)  # PyTorch wants a float mask in q's dtype
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-    if mask is not None:
-        k, v = zero_unreachable_keys(k, v, mask)  # padded keys: contained, as on every path
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                          scale=scale)  # (..., T_q, d_v)
-    if mask is None:
+    if has_key is None:
         return out, None
-    has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1): rows with no key give zeros
-    return out.masked_fill(~has_key, 0.0), None
+    return out.masked_fill(~has_key, 0.0), None  # rows with no key give zeros
 
 
 #: The attention paths by name: what ``impl`` picks in :func:`attention`, the layers and
