@@ -222,6 +222,19 @@ def test_the_tuned_kernel_in_bfloat16_matches_float32_on_a_gpu(backward):
                      msg=lambda m, w=what: f"{w}: {m}")
 
 
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="a compiled run on a GPU only")
+def test_the_pair_backward_gives_the_same_bits_on_every_run_on_a_gpu():
+    """Chapter 9: each program of the pair backward writes only its own rows, with no
+    atomic additions, so repeated runs give the same gradients to the last bit (the shape of
+    the tuned test above, so the kernels are compiled once)."""
+    q, k, v, grad_out = (t.bfloat16() for t in _qkv((1, 16), 512, 512, 64, 64, seed=23))
+    first = _run("triton-blocks", q, k, v, grad_out, is_causal=True, backward="pair")
+    for _ in range(3):
+        again = _run("triton-blocks", q, k, v, grad_out, is_causal=True, backward="pair")
+        for what, a, b in zip(("out", "dq", "dk", "dv"), first, again, strict=True):
+            assert torch.equal(a, b), f"{what} changed from one run to the next"
+
+
 @needs_triton
 def test_the_interpreter_keeps_one_fixed_configuration():
     from course_attn.core import triton_kernels as kernels
