@@ -48,6 +48,35 @@ def test_every_figure_of_a_record_is_in_its_text(name):
     assert not missing, f"{name}: not in {record['record']}: {missing}"
 
 
+def verdict_tables(node):
+    """Every table of verdicts in a record: a dict of rows, each a dict of text cells."""
+    if isinstance(node, dict):
+        if node and all(isinstance(row, dict) and row and all(isinstance(cell, str)
+                                                              for cell in row.values())
+                        for row in node.values()):
+            yield node
+        else:
+            for value in node.values():
+                yield from verdict_tables(value)
+
+
+@pytest.mark.parametrize("name", GPU_RECORDS)
+def test_every_verdict_of_a_record_is_in_its_text(name):
+    """Text verdicts ("zeros", "NaN") too: each row's label words are cells of one line of
+    the record's tables, and that line holds every verdict of the row."""
+    record = gpu_record(name)
+    lines = [line for line in (ROOT / record["record"]).read_text(encoding="utf-8").splitlines()
+             if line.strip().startswith("|")]
+    wrong = []
+    for table in verdict_tables(record):
+        for label, row in table.items():
+            words = set(label.split())
+            if not any(words <= {cell.strip() for cell in line.split("|")}
+                       and all(verdict in line for verdict in row.values()) for line in lines):
+                wrong.append((label, row))
+    assert not wrong, f"{name}: rows not in {record['record']}: {wrong}"
+
+
 def test_a_record_is_a_fresh_copy():
     first = gpu_record("h100-2026-11-27")
     first["trainer"]["ms_per_iter"].clear()
