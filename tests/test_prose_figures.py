@@ -116,6 +116,17 @@ def test_the_reading_time_is_a_figure_of_the_notebook():
     assert messages(nb) == ""
 
 
+def test_the_total_reading_time_is_never_below_its_parts():
+    # 3,395 words (17 minutes) + 292 lines (29 minutes) + 54 s: 46.9 minutes, which the
+    # nearest multiple of 5 would quote as 45, below 17 + 29 (chapter 2, second referee)
+    nb = notebook(markdown("# Title"), code("\n".join(["x = 1"] * 292)),
+                  markdown("word " * 3393))
+    nb["metadata"]["course_attn"] = {"run_seconds": 54.0}
+    figures = prose_figures.notebook_figures(nb)
+    assert (figures["nb_read_minutes"], figures["nb_code_minutes"]) == ("17", "29")
+    assert figures["nb_total_minutes"] == "50"
+
+
 STALE_AT_6C096ED = {  # the figures issue 39 lists, as typed in the prose of 6c096ed
     "08_encoder_decoder": ["0.44 against", "0.79 ms", "0.68 ms", "65.80 ms", "0.47 and",
                            "0.85 ms", "3.0 times"],

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -124,7 +125,8 @@ def notebook_figures(nb: dict) -> dict[str, str]:
     """The reading time of a chapter, from the notebook itself (its introduction quotes it).
 
     Words of prose read at 200 a minute (markers, code spans and formulas count as written),
-    lines of code at 10 a minute, the run time measured by ``make notebooks``.
+    lines of code at 10 a minute, the run time measured by ``make notebooks``; the total is
+    rounded up to a multiple of 5 minutes, never below the sum of the parts it quotes.
     """
     prose = " ".join(COMMENT.sub(" ", _source(c)) for c in nb["cells"]
                      if c["cell_type"] == "markdown")
@@ -137,7 +139,8 @@ def notebook_figures(nb: dict) -> dict[str, str]:
     seconds = nb.get("metadata", {}).get("course_attn", {}).get("run_seconds")
     if seconds is not None:
         figures["nb_run_seconds"] = str(round(seconds))
-        figures["nb_total_minutes"] = str(5 * round((read + code + seconds / 60) / 5))
+        # Rounded up to 5 minutes, so that the total is never below its parts as quoted.
+        figures["nb_total_minutes"] = str(5 * math.ceil((read + code + seconds / 60) / 5))
     return figures
 
 
