@@ -52,6 +52,7 @@ from course_attn import (
     padding_mask,
     pick_device,
     positions_from_attention_mask,
+    residual_stream_rms,
     scaled_dot_product_attention,
     seed_everything,
     simple_self_attention,
@@ -390,6 +391,11 @@ case("block_gradient_norms", "seed", ValueError,
      lambda: block_gradient_norms(1, norm_first=True, seed=2**64))
 case("block_gradient_norms", "d_model", ValueError,
      lambda: block_gradient_norms(1, norm_first=True, d_model=6))
+case("block_gradient_norms", "final_norm", TypeError,
+     lambda: block_gradient_norms(1, norm_first=True, final_norm="no"))
+case("residual_stream_rms", "norm_first", TypeError,
+     lambda: residual_stream_rms(1, norm_first="pre"))
+case("residual_stream_rms", "n_layers", ValueError, lambda: residual_stream_rms(0))
 case("decode_step_seconds", "model", TypeError, lambda: decode_step_seconds(GPT, 2,
                                                                              use_cache=True))
 case("decode_step_seconds", "prefix_len", ValueError,

@@ -33,6 +33,7 @@ from course_attn import (
     causal_mask,
     padding_mask,
     positions_from_attention_mask,
+    residual_stream_rms,
     sinusoidal_table,
     to_torch_mha_mask,
 )
@@ -309,6 +310,49 @@ def test_block_gradient_norms_match_autograd_on_one_block():
     assert_close(norms[0], expected)
 
 
+def test_block_gradient_norms_final_norm_by_default_after_pre_norm_only():
+    kw = {"d_model": 16, "seq_len": 4, "seed": 3}
+    for first in (True, False):
+        assert torch.equal(block_gradient_norms(3, norm_first=first, **kw),
+                           block_gradient_norms(3, norm_first=first, final_norm=first, **kw))
+    without = block_gradient_norms(3, norm_first=True, final_norm=False, **kw)
+    assert not torch.allclose(without, block_gradient_norms(3, norm_first=True, **kw))
+
+
+def test_block_gradient_norms_without_final_norm_match_autograd():
+    """Chapter 7's ablation: a pre-norm stack whose output goes to the loss unnormalised."""
+    norms = block_gradient_norms(2, norm_first=True, final_norm=False, d_model=8, n_heads=2,
+                                 batch_size=2, seq_len=3, seed=4)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(4)
+        blocks = [TransformerBlock(8, 2, norm_first=True) for _ in range(2)]
+    g = torch.Generator().manual_seed(4)
+    x, target = torch.randn(2, 3, 8, generator=g), torch.randn(2, 3, 8, generator=g)
+    (blocks[1](blocks[0](x)) - target).pow(2).mean().backward()
+    for got, block in zip(norms, blocks, strict=True):
+        expected = torch.cat([p.grad.flatten() for name, p in block.named_parameters()
+                              if name.startswith(("self_attn.", "ff."))]).norm()
+        assert_close(got, expected)
+
+
+def test_residual_stream_rms_follows_the_stack_of_block_gradient_norms():
+    state = torch.random.get_rng_state()
+    sizes = residual_stream_rms(3, d_model=8, n_heads=2, batch_size=2, seq_len=3, seed=4)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's RNG is untouched
+    assert sizes.shape == (4,) and not sizes.requires_grad
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(4)
+        blocks = [TransformerBlock(8, 2, norm_first=True) for _ in range(3)]
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(4))
+    expected = [x.pow(2).mean().sqrt()]
+    for block in blocks:
+        x = block(x)
+        expected.append(x.pow(2).mean().sqrt())
+    assert_close(sizes, torch.stack(expected).detach())
+    post = residual_stream_rms(3, norm_first=False, d_model=8, n_heads=2, seed=4)
+    assert_close(post[1:], torch.ones(3), atol=1e-3, rtol=0)  # each block ends in a norm
+
+
 # --- bad input -----------------------------------------------------------------------------
 
 
@@ -454,8 +498,11 @@ def test_feed_forward_names_a_dtype_mismatch_except_under_autocast():
         lambda flag: FeedForward(D, bias=flag),
         lambda flag: TransformerBlock(D, H, bias=flag),
         lambda flag: block_gradient_norms(1, norm_first=flag),
+        lambda flag: block_gradient_norms(1, norm_first=True, final_norm=flag),
+        lambda flag: residual_stream_rms(1, norm_first=flag),
     ],
-    ids=["FeedForward", "TransformerBlock", "block_gradient_norms"],
+    ids=["FeedForward", "TransformerBlock", "block_gradient_norms", "final_norm",
+         "residual_stream_rms"],
 )
 def test_bool_flags_refuse_truthy_strings(build):
     """bias="no" used to build layers *with* a bias; every flag now wants a real bool."""

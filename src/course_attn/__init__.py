@@ -64,7 +64,12 @@ from .lab.analysis import (
     induction_attention_score,
     offset_attention_score,
 )
-from .lab.experiments import block_gradient_norms, cross_cache_step_ms, decode_step_seconds
+from .lab.experiments import (
+    block_gradient_norms,
+    cross_cache_step_ms,
+    decode_step_seconds,
+    residual_stream_rms,
+)
 from .lab.glue import glue
 from .lab.hbm_traffic import HBM_ALGORITHMS, HBMTraffic, flash_block_sizes, hbm_traffic
 from .lab.records import GPU_RECORDS, gpu_record
@@ -141,6 +146,7 @@ __all__ = [
     "block_gradient_norms",
     "cross_cache_step_ms",
     "decode_step_seconds",
+    "residual_stream_rms",
     "new_caches",
     "positions_from_attention_mask",
     "pick_device",

@@ -1,8 +1,9 @@
-"""Two experiments: gradients through deep stacks (chapter 7), the cost of decoding (chapter 8).
+"""Experiments: gradients through deep stacks (chapter 7), the cost of decoding (chapter 8).
 
 :func:`block_gradient_norms` compares pre-norm and post-norm stacks at
-initialisation; :func:`decode_step_seconds` times one decoding step with and
-without the KV cache, and :func:`cross_cache_step_ms` times a cached step against
+initialisation (with or without a final norm) and :func:`residual_stream_rms` follows
+the size of a stack's residual stream; :func:`decode_step_seconds` times one decoding
+step with and without the KV cache, and :func:`cross_cache_step_ms` times a cached step against
 the source length, with and without the static cross-attention cache. They
 measure the models; they are not part of them.
 """
@@ -20,11 +21,13 @@ from .._validation import check_bool, check_nonnegative_int, check_positive_int
 from ..core.layers import TransformerBlock
 from ..models.encoder_decoder import EncoderDecoder
 
-__all__ = ["block_gradient_norms", "cross_cache_step_ms", "decode_step_seconds"]
+__all__ = ["block_gradient_norms", "cross_cache_step_ms", "decode_step_seconds",
+           "residual_stream_rms"]
 
 
 def block_gradient_norms(n_layers: int, *, norm_first: bool, d_model: int = 64, n_heads: int = 4,
-                         batch_size: int = 8, seq_len: int = 16, seed: int = 0) -> Tensor:
+                         batch_size: int = 8, seq_len: int = 16, seed: int = 0,
+                         final_norm: bool | None = None) -> Tensor:
     """Gradient norm of each block's weights in a fresh stack, at initialisation (Chapter 7).
 
     Builds ``n_layers`` encoder :class:`TransformerBlock` s (PyTorch's default
@@ -36,7 +39,50 @@ def block_gradient_norms(n_layers: int, *, norm_first: bool, d_model: int = 64, 
     post-norm stack the last block's norm is the output norm, whose gradient
     comes straight from the loss and would make that one block look special.
     The same ``seed`` gives the same weights and data for both norm placements.
+
+    ``final_norm`` puts a final LayerNorm after the stack (``True``) or none
+    (``False``); the default, ``None``, means one after a pre-norm stack only.
+    Chapter 7 takes it away from a pre-norm stack to show what it does to the
+    gradient.
     """
+    blocks, x, target = _stack_and_data(n_layers, norm_first, d_model, n_heads, batch_size,
+                                        seq_len, seed)
+    if final_norm is None:
+        final_norm = norm_first
+    check_bool(final_norm, "final_norm")
+    output_norm = nn.LayerNorm(d_model) if final_norm else nn.Identity()
+    for block in blocks:
+        x = block(x)  # (B, T, D)
+    loss = (output_norm(x) - target).pow(2).mean()
+    loss.backward()
+    return torch.stack([_grad_norm(block) for block in blocks]).detach()  # (n_layers,)
+
+
+def residual_stream_rms(n_layers: int, *, norm_first: bool = True, d_model: int = 64,
+                        n_heads: int = 4, batch_size: int = 8, seq_len: int = 16,
+                        seed: int = 0) -> Tensor:
+    """Root mean square of the residual stream after each block of a fresh stack (Chapter 7).
+
+    The stack, the inputs and the ``seed`` are those of :func:`block_gradient_norms`
+    (no final norm is applied). Returns ``(n_layers + 1,)``: entry 0 is the input's
+    RMS, entry ``l`` the RMS of the stream after block ``l``, over every position and
+    feature. In a pre-norm stack every block adds its output to the stream, which the
+    final LayerNorm then divides by its size.
+    """
+    blocks, x, _ = _stack_and_data(n_layers, norm_first, d_model, n_heads, batch_size,
+                                   seq_len, seed)
+    sizes = [x.pow(2).mean().sqrt()]
+    with torch.no_grad():
+        for block in blocks:
+            x = block(x)  # (B, T, D)
+            sizes.append(x.pow(2).mean().sqrt())
+    return torch.stack(sizes)  # (n_layers + 1,)
+
+
+def _stack_and_data(n_layers: int, norm_first: bool, d_model: int, n_heads: int,
+                    batch_size: int, seq_len: int, seed: int
+                    ) -> tuple[nn.ModuleList, Tensor, Tensor]:
+    """Checked arguments -> a fresh stack of blocks, random inputs and targets (B, T, D)."""
     n_layers = check_positive_int(n_layers, "n_layers")
     check_bool(norm_first, "norm_first")
     for name, value in (("d_model", d_model), ("n_heads", n_heads), ("batch_size", batch_size),
@@ -48,14 +94,9 @@ def block_gradient_norms(n_layers: int, *, norm_first: bool, d_model: int = 64, 
         torch.manual_seed(seed)
         blocks = nn.ModuleList(TransformerBlock(d_model, n_heads, norm_first=norm_first)
                                for _ in range(n_layers))
-    final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
     x = torch.randn(batch_size, seq_len, d_model, generator=generator)  # (B, T, D)
     target = torch.randn(batch_size, seq_len, d_model, generator=generator)  # (B, T, D)
-    for block in blocks:
-        x = block(x)  # (B, T, D)
-    loss = (final_norm(x) - target).pow(2).mean()
-    loss.backward()
-    return torch.stack([_grad_norm(block) for block in blocks]).detach()  # (n_layers,)
+    return blocks, x, target
 
 
 def _grad_norm(block: nn.Module) -> Tensor:
