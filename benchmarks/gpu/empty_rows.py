@@ -8,8 +8,9 @@ asks the same of every SDPA backend PyTorch has on the machine's GPU (forced one
 with ``torch.nn.attention.sdpa_kernel``), in float32, float16 and bfloat16, with the mask as
 a boolean tensor and as an additive one (0 / -inf), and of ``nn.MultiheadAttention`` with
 and without ``need_weights``. It prints Markdown tables (commit them as a record under
-``benchmarks/records/``) and, given a path, writes the same results as JSON. It needs torch
-only, and runs on the CPU too (where the GPU backends say "not run").
+``benchmarks/records/``; a ``|`` inside a cell is escaped as ``\\|``) and, given a path,
+writes the same results, unescaped, as JSON. It needs torch only, and runs on the CPU too
+(where the GPU backends say "not run").
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ def verdict(rows: torch.Tensor) -> str:
     if (rows == 0).all():
         return "zeros"
     return f"other (max |x| {rows.abs().max().item():.2g})"
+
+
+def cell(text: str) -> str:
+    """``text`` for a Markdown table cell: a ``|`` in it (``max |x|``) would split the cell."""
+    return str(text).replace("|", r"\|")
 
 
 def sdpa_case(backend: SDPBackend, dtype: torch.dtype, additive: bool) -> dict[str, str]:
@@ -136,7 +142,7 @@ def main(argv: list[str]) -> int:
                 res = sdpa_case(backend, dtype, form == "additive")
                 sdpa[f"{bname} {dname} {form}"] = res
                 shown = res["output"] if "error" not in res else f"not run: {res['error']}"
-                print(f"| {bname} | {dname} | {form} | {shown} | {res['gradients']} | "
+                print(f"| {bname} | {dname} | {form} | {cell(shown)} | {res['gradients']} | "
                       f"{res.get('real_rows_finite', '-')} |")
     print("\n## nn.MultiheadAttention (attn_mask blocks the same rows), no_grad\n")
     print("| dtype | need_weights | mode | empty rows' output |\n|---|---|---|---|")
@@ -148,7 +154,7 @@ def main(argv: list[str]) -> int:
                 mode = "train" if training else "eval"
                 mha[f"{dname} need_weights={need_weights} {mode}"] = res
                 shown = res["output"] if "error" not in res else f"not run: {res['error']}"
-                print(f"| {dname} | {need_weights} | {mode} | {shown} |")
+                print(f"| {dname} | {need_weights} | {mode} | {cell(shown)} |")
     print("\n## course_attn.attention (PYTHONPATH=src), boolean mask\n")
     print("| impl | dtype | empty rows' output | gradients |\n|---|---|---|---|")
     course = {}
@@ -157,7 +163,7 @@ def main(argv: list[str]) -> int:
             res = course_case(impl, dtype)
             course[f"{impl} {dname}"] = res
             shown = res["output"] if "error" not in res else f"not run: {res['error']}"
-            print(f"| {impl} | {dname} | {shown} | {res['gradients']} |")
+            print(f"| {impl} | {dname} | {cell(shown)} | {res['gradients']} |")
     if len(argv) > 1:
         with open(argv[1], "w", encoding="utf-8") as f:
             json.dump({"environment": env, "sdpa": sdpa, "multihead": mha,
