@@ -167,6 +167,12 @@ def masked_chapter(q, k, v, mask):  # chapter 5's solution cell
     return weights @ v, weights
 
 
+def masked_nan_to_num_weights(q, k, v, mask):
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -math.inf)
+    weights = torch.nan_to_num(torch.softmax(scores, dim=-1))  # before @ v: clean backward
+    return weights @ v, weights
+
+
 def masked_where(q, k, v, mask):
     scores = torch.einsum("...qd,...kd->...qk", q, k) / math.sqrt(q.shape[-1])
     safe = torch.where(mask, scores, torch.full_like(scores, -1e30))  # finite: no NaN
@@ -380,6 +386,10 @@ def loss_chapter(logits, targets):  # chapter 11's solution cell
     return -picked.mean()
 
 
+def loss_classes_second(logits, targets):
+    return F.cross_entropy(logits.transpose(1, 2), targets)  # (B, N_vocab, T) against (B, T)
+
+
 def loss_nll(logits, targets):
     return F.nll_loss(F.log_softmax(logits, -1).flatten(0, 1), targets.flatten())
 
@@ -389,6 +399,14 @@ def step_chapter(model, optimizer, x, y):  # chapter 11's solution cell
     _, loss = model(x, y)
     loss.backward()
     optimizer.step()
+    return loss.item()
+
+
+def step_zero_grad_last(model, optimizer, x, y):
+    _, loss = model(x, y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()  # at the end, ready for the next step: the same
     return loss.item()
 
 
@@ -414,7 +432,8 @@ CORRECT = {
     "attention": [("sdpa", attention_sdpa), ("list", attention_list)],
     "causal_mask": [("chapter", causal_arange), ("triu", causal_triu)],
     "padding_mask": [("chapter", padding_arange), ("loop", padding_loop)],
-    "masked_attention": [("chapter", masked_chapter), ("where", masked_where)],
+    "masked_attention": [("chapter", masked_chapter), ("where", masked_where),
+                         ("nan_to_num_weights", masked_nan_to_num_weights)],
     "split_heads": [("chapter", split_chapter), ("unflatten", split_unflatten)],
     "merge_heads": [("chapter", merge_chapter), ("cat", merge_cat)],
     "multi_head_attention": [("chapter", MHAChapter), ("sdpa_dropout", MHASDPADropout)],
@@ -428,6 +447,8 @@ CORRECT = {
              ("complex128", rope_complex128)],
     "rope_attention": [("float32", rope_attention_float32), ("pair", rope_attention_pair)],
     "sliding_window_mask": [("chapter", window_chapter), ("tril", window_tril)],
-    "next_token_loss": [("chapter", loss_chapter), ("nll", loss_nll)],
-    "training_step": [("chapter", step_chapter), ("tensor", step_tensor_set_to_none)],
+    "next_token_loss": [("chapter", loss_chapter), ("nll", loss_nll),
+                        ("classes_second", loss_classes_second)],
+    "training_step": [("chapter", step_chapter), ("tensor", step_tensor_set_to_none),
+                      ("zero_grad_last", step_zero_grad_last)],
 }

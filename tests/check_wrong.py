@@ -136,7 +136,7 @@ class _Layer(nn.Module):
         k, v = self.k_proj(x), self.v_proj(x)
         scale = {"out": k.shape[-1], "in": x.shape[-1], "none": 1}[self.scale_by]
         w = torch.softmax(q @ k.mT / math.sqrt(scale), dim=self.softmax_dim)
-        return w @ (v if self.mix == "v" else x)
+        return w @ {"v": v, "k": k, "x": x}[self.mix]
 
 
 def _layer(**knobs):
@@ -670,6 +670,7 @@ def _softmax_in_place(x, temperature=1.0):
 
 
 SOFTMAX += [
+    ("default_temperature_0.5", lambda x, temperature=0.5: _sm(x / temperature), "the default"),
     ("in_place", _softmax_in_place, "in place"),
     ("squeezed", lambda x, temperature=1.0: _sm(x / temperature).squeeze(), "size 1"),
     ("minimum_subtracted", lambda x, temperature=1.0: (lambda e: e / e.sum(-1, keepdim=True))(
@@ -699,6 +700,7 @@ ATTENTION_POOL += [
 ]
 
 SELF_ATTENTION += [
+    ("cosine_by_default", lambda x, similarity="cosine": _self(x, similarity), "the default"),
     ("squeezed", lambda x, similarity="dot": tuple(t.squeeze(0) for t in _self(x, similarity)),
      "size 1"),
 ]
@@ -726,6 +728,7 @@ class _SqueezedLayer(_Layer):
 
 
 SELF_ATTENTION_LAYER += [
+    ("mixes_the_keys", _layer(mix="k"), "not the keys"),
     ("with_biases", type("SelfAttention", (_BiasedLayer,), {}), "bias"),
     ("squeezed", type("SelfAttention", (_SqueezedLayer,), {}), "size 1"),
 ]
@@ -791,6 +794,12 @@ def _masked_mask_in_place(q, k, v, mask):
     return w @ v, w
 
 
+def _masked_fill_value(q, k, v, mask, value):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    w = torch.softmax(scores.masked_fill(~mask, value), dim=-1)
+    return w @ v, w
+
+
 def _masked_by_d_v(q, k, v, mask):
     scores = q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1])
     w = torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1)
@@ -799,6 +808,8 @@ def _masked_by_d_v(q, k, v, mask):
 
 
 MASKED_ATTENTION += [
+    ("minus_1e4_rows_uniform", lambda q, k, v, m: _masked_fill_value(q, k, v, m, -1e4),
+     "uniform weights"),
     ("mask_inverted_in_place", _masked_mask_in_place, "in place"),
     ("scaled_by_d_v", _masked_by_d_v, "sqrt(d_k)"),
     ("squeezed", lambda q, k, v, m: tuple(t.squeeze() for t in ca.scaled_dot_product_attention(
@@ -915,6 +926,9 @@ def _rope_attn_in_place(q, k, v, positions):
 
 
 ROPE_ATTENTION += [
+    ("scaled_by_d_v", lambda q, k, v, p: F.scaled_dot_product_attention(
+        ca.apply_rope(q, p), ca.apply_rope(k, p), v, is_causal=True,
+        scale=v.shape[-1] ** -0.5), "not of v"),
     ("rotated_in_place", _rope_attn_in_place, "in place"),
 ]
 
@@ -943,7 +957,17 @@ def _train_scaled_loss(model, optimizer, x, y):
     return loss.item()
 
 
+def _train_clipped(model, optimizer, x, y):
+    optimizer.zero_grad()
+    _, loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the exercise has no clipping
+    optimizer.step()
+    return loss.item()
+
+
 TRAINING_STEP += [
+    ("gradients_clipped", _train_clipped, "no clipping"),
     ("weight_decay_1e-3", _train_weight_decay, "nothing else"),
     ("loss_scaled_by_1.009", _train_scaled_loss, "nothing else"),
 ]
@@ -993,6 +1017,7 @@ KINDS = {
             "positions", "sliding_window_mask")],
     "mixes up d_k and d_v": [
         ("qkv_projection", "fused_chunk"), ("masked_attention", "scaled_by_d_v"),
+        ("rope_attention", "scaled_by_d_v"),
         ("kv_cache_step", "scaled_by_d_v"), ("tile_step", "scaled_by_d_v")],
     "has a bias the exercise does not": [("self_attention_layer", "with_biases")],
     "detaches the gradient": [

@@ -82,15 +82,20 @@ EXP_HINT = "softmax(x)_i = exp(x_i) / sum_j exp(x_j), along the last dimension"
 MAX_HINT = "subtract each row's own maximum, x.amax(dim=-1, keepdim=True), before exp"
 
 
-def _softmax_case(plan: str, x: Tensor, temperature: float, hint: str, number: str,
+def _softmax_case(plan: str, x: Tensor, temperature: float | None, hint: str, number: str,
                   describe: str = "") -> Case:
-    words = describe or f"x = {show(x)}, temperature = {show(temperature)}"
-    return Case(plan, lambda: args(x, temperature=temperature), words, hint, number, FLOAT32)
+    """A softmax case; ``temperature=None`` leaves it to the function's default."""
+    words = describe or f"x = {show(x)}, " + (
+        "temperature left to its default" if temperature is None
+        else f"temperature = {show(temperature)}")
+    keyword = {} if temperature is None else {"temperature": temperature}
+    return Case(plan, lambda: args(x, **keyword), words, hint, number, FLOAT32)
 
 
 SOFTMAX = Check("softmax", _softmax_reference, (
-    _softmax_case("two rows of scores, [[2, 1, 0.1], [0, 0, 0]]: each row becomes exp / sum",
-                  SCORES, 1.0, EXP_HINT, "1.3"),
+    _softmax_case("two rows of scores, [[2, 1, 0.1], [0, 0, 0]], temperature left to its "
+                  "default, 1: each row becomes exp / sum", SCORES, None,
+                  f"{EXP_HINT}; a call without a temperature uses the default, 1.0", "1.3"),
     *(_softmax_case("temperatures 0.5 and 4: the scores are divided by the temperature",
                     SCORES, t, "softmax(x / temperature)", "1.5") for t in (0.5, 4.0)),
     _softmax_case("scores of 1000: no NaN, the row maximum is subtracted first", BIG, 1.0,
@@ -271,16 +276,21 @@ SELF_BATCH_HINT = ("a batch of sequences (B, T, D): transpose the last two axes,
                    "x.transpose(-2, -1) (or x.mT), not x.T")
 
 
-def _self_case(plan: str, x: Tensor, similarity: str, describe: str, hint: str,
+def _self_case(plan: str, x: Tensor, similarity: str | None, describe: str, hint: str,
                number: str) -> Case:
-    return Case(plan, lambda: args(x, similarity=similarity),
-                f"{describe}, similarity = {similarity!r}", hint, number, FLOAT32)
+    """A case of self-attention; ``similarity=None`` leaves it to the function's default."""
+    keyword = {} if similarity is None else {"similarity": similarity}
+    words = "similarity left to its default" if similarity is None else \
+        f"similarity = {similarity!r}"
+    return Case(plan, lambda: args(x, **keyword), f"{describe}, {words}", hint, number,
+                FLOAT32)
 
 
 SELF_ATTENTION = Check("self_attention", lambda x, similarity="dot": reference_self_attention(
     x, similarity=similarity), (
-    _self_case("the toy sentence (6, 3), dot product: z = softmax(x x^T) x", TOY, "dot",
-               "x = the toy sentence (6, 3) of section 2.1, float32", DOT_HINT, "2.4"),
+    _self_case("the toy sentence (6, 3), similarity left to its default, the dot product: z "
+               "= softmax(x x^T) x", TOY, None, "x = the toy sentence (6, 3) of section 2.1, "
+               "float32", f"{DOT_HINT}; similarity=\"dot\" is the default", "2.4"),
     _self_case("the toy sentence, cosine: the scores of unit vectors, the original vectors "
                "mixed", TOY, "cosine", "x = the toy sentence (6, 3) of section 2.1, float32",
                "cosine scores are the dot products of unit vectors, x / |x|; the output still "

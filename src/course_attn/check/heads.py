@@ -255,7 +255,10 @@ MULTI_HEAD_ATTENTION = Check("multi_head_attention", TorchMultiHeadAttention, (
               "keep the computation in torch, differentiable: no .detach() or .item()", "6.4",
               harness=gradients((2,), inner=layer_forward()),
               properties=gradient_properties(("x",), "6.4")),
-), params=("(d_model, n_heads)", "weights", "x"), want_class=True, mistakes=MHA_MISTAKES)
+), params=("(d_model, n_heads)", "weights", "x"), want_class=True, mistakes=MHA_MISTAKES,
+    errors=(("view size is not compatible", f"after transpose the heads are not contiguous, "
+                                            f"so view fails: merge with .reshape(...) or "
+                                            f".contiguous().view(...) ({section('6.2')})"),))
 
 
 def multi_head_attention(cls: type[nn.Module]) -> CheckResult:

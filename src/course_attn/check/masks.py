@@ -185,8 +185,9 @@ MASKED_MISTAKES = (
             f"a blocked score must become -inf, not 0: exp(0) = 1 still gives it weight "
             f"({section('5.2')})"),
     Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, "big"),
-            f"with -1e9 a query with no allowed key gets uniform weights over keys it may not "
-            f"read; its weights and output must be zero ({section('5.6')})"),
+            f"with a large negative number (-1e9, -1e4) instead of -inf, a query with no "
+            f"allowed key gets uniform weights over keys it may not read; its weights and "
+            f"output must be zero ({section('5.6')})"),
     Mistake(lambda q, k, v, mask: _masked(q, k, v, mask), EMPTY_HINT),
     Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, "cleaned"),
             f"your output is right but the backward pass is not: NaN from the empty row "

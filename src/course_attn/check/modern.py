@@ -119,10 +119,11 @@ def rope(fn: Callable[[Tensor, Tensor], Tensor]) -> CheckResult:
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, rotate: str = "qk",
-            causal: bool = True) -> Tensor:
+            causal: bool = True, scale: float | None = None) -> Tensor:
     turned = {name: reference_rope(t, positions) if name in rotate else t
               for name, t in (("q", q), ("k", k), ("v", v))}
-    return reference_attention(turned["q"], turned["k"], turned["v"], is_causal=causal)[0]
+    return reference_attention(turned["q"], turned["k"], turned["v"], is_causal=causal,
+                               scale=scale)[0]
 
 
 ROPE_ATTENTION_MISTAKES = (
@@ -140,6 +141,8 @@ ROPE_ATTENTION_MISTAKES = (
     Mistake(lambda q, k, v, p: _attend(q, k, v, p, ""),
             f"your output ignores the positions: rotate q and k before the scores "
             f"({section('10.1')})"),
+    Mistake(lambda q, k, v, p: _attend(q, k, v, p, scale=v.shape[-1] ** -0.5),
+            f"scale by 1 / sqrt(d), the width of q and k, not of v ({section('4.2')})"),
 )
 ROPE_ATTENTION_HINT = ("rotate the queries and the keys by their positions, leave the values "
                        "alone, then causal attention softmax(q' k'^T / sqrt(d)) v")

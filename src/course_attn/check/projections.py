@@ -105,7 +105,7 @@ LAYER_NAMES = ("q_proj", "k_proj", "v_proj")
 class _WrongLayer(nn.Module):
     """A single-head layer with one knob per known mistake."""
 
-    scale_by, softmax_dim, query_from = "out", -1, "q"
+    scale_by, softmax_dim, query_from, mix = "out", -1, "q", "v"
 
     def __init__(self, d_in: int, d_out: int) -> None:
         super().__init__()
@@ -118,7 +118,7 @@ class _WrongLayer(nn.Module):
         k, v = self.k_proj(x), self.v_proj(x)  # (B, T, d_out)
         scale = {"out": k.shape[-1], "in": x.shape[-1], "none": 1}[self.scale_by]
         weights = torch.softmax(q @ k.mT / math.sqrt(scale), dim=self.softmax_dim)
-        return weights @ v  # (B, T, T) @ (B, T, d_out)
+        return weights @ {"v": v, "k": k}[self.mix]  # (B, T, T) @ (B, T, d_out)
 
 
 def _wrong_layer(**knobs: object) -> type:
@@ -165,6 +165,8 @@ SELF_ATTENTION_LAYER = Check("self_attention_layer", ReferenceSelfAttention, (
                                           f"each query's weights sum to 1 ({section('3.5')})"),
     Mistake(_wrong_layer(query_from="k"), f"queries come from q_proj, keys from k_proj "
                                           f"({section('3.5')})"),
+    Mistake(_wrong_layer(mix="k"), f"the weights mix the values, v = self.v_proj(x), not the "
+                                   f"keys ({section('3.5')})"),
 ), errors=tuple((phrase, f"call the layer, self.q_proj(x), which computes x @ weight^T "
                          f"({section('3.4')})") for phrase in ("size mismatch",
                                                               "cannot be multiplied")))
