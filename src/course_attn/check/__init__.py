@@ -16,9 +16,14 @@ lists what the check will test::
     print(check.softmax(my_softmax))
 
 Every check runs on the CPU, in well under two seconds, leaves torch's random generator
-as it found it and prints nothing that depends on the machine. ``python -m
-course_attn.check FILE.py`` runs every check whose name (``NAMES``) the learner's file
-defines.
+as it found it, and prints nothing that depends on the machine when it passes or when the
+function is not written yet. Each check is a table (``TABLES``): the package's reference,
+its cases and the known mistakes, run by :func:`~course_attn.check.runner.run_check`. The
+learner's code runs on private copies of the inputs and must leave them as they were;
+layers are built, given seeded weights and run in ``eval()`` mode; numbers are compared at
+a stated tolerance (``check/values.py``). ``python -m course_attn.check FILE.py`` runs every
+check whose function the learner's file defines, under its own name or the notebooks'
+(``LEARNER_NAMES``; ``book/setup.md`` says how to use it).
 
 The checks, by chapter (what the learner writes, in brackets):
 
