@@ -1000,6 +1000,57 @@ CATALOGUE = {
 }
 
 
+# ------------------------------------------------------- more slips, found probing the kinds
+
+
+def _attn_weights_first(q, k, v):
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return w, w @ v
+
+
+def _masked_ignored(q, k, v, mask):
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return w @ v, w
+
+
+class _MHAMaskIgnored(_MHA):
+    def forward(self, x, mask=None):
+        return super().forward(x)
+
+
+def _step_new_first(ck, cv, q, k, v):
+    out, keys, values = _step(ck, cv, q, k, v, "right")
+    return out, torch.cat([k, ck], dim=2), torch.cat([v, cv], dim=2)
+
+
+ATTENTION_POOL += [
+    ("softmax_over_the_batch", lambda x, q: (lambda w: ((w.unsqueeze(-2) @ x).squeeze(-2), w))(
+        torch.softmax((x @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(x.shape[-1]), dim=0)),
+     "the last dimension of the scores"),
+]
+SELF_ATTENTION_LAYER += [("mixes_x", _layer(mix="x"), "not the input x")]
+ATTENTION += [
+    ("weights_first", _attn_weights_first, "in this order"),
+    ("mixes_the_keys", lambda q, k, v: (lambda w: (w @ k, w))(
+        torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)),
+     "not weights @ k"),
+]
+MASKED_ATTENTION += [("mask_ignored", _masked_ignored, "ignores the mask")]
+MULTI_HEAD_ATTENTION += [
+    ("mask_ignored", type("MultiHeadAttention", (_MHAMaskIgnored,), {}), "ignores the mask"),
+]
+KV_CACHE_STEP += [("new_keys_first", _step_new_first, "after the cached ones")]
+SLIDING_WINDOW_MASK += [
+    ("future_allowed", lambda t, w: (lambda i, j: i - j < w)(torch.arange(t)[:, None],
+                                                           torch.arange(t)[None, :]),
+     "the window is causal"),
+]
+NEXT_TOKEN_LOSS += [
+    ("mean_over_sequences", lambda lg, t: F.cross_entropy(
+        lg.reshape(-1, lg.shape[-1]), t.reshape(-1), reduction="sum") / lg.shape[0],
+     "not over the B sequences"),
+]
+
 #: The kinds of bug that passed the checks of issue 34, and the entries that have them.
 KINDS = {
     "changes an argument in place": [

@@ -42,7 +42,7 @@ def _step(cache_k: Tensor, cache_v: Tensor, q: Tensor, k: Tensor, v: Tensor, *,
     offset = {"top_left": 0, "minus_one": t_k - t_q - 1, "plus_one": t_k - t_q + 1,
               "none": t_k}.get(how, t_k - t_q)
     mask = torch.ones(t_q, t_k, dtype=torch.bool).tril(offset)  # (T_new, T_keys)
-    d = q.shape[-1] if scale == "k" else v.shape[-1]
+    d = {"k": q.shape[-1], "v": v.shape[-1], "none": 1}[scale]
     scores = (q @ keys.transpose(-2, -1) / math.sqrt(d)).masked_fill(~mask, -math.inf)
     weights = torch.softmax(scores, dim=-1).nan_to_num()  # (B, H, T_new, T_keys)
     out = weights @ values  # (B, H, T_new, d_v)
@@ -50,6 +50,8 @@ def _step(cache_k: Tensor, cache_v: Tensor, q: Tensor, k: Tensor, v: Tensor, *,
         return out, cache_k, cache_v
     if how == "head_axis":
         return out, torch.cat([cache_k, k], dim=1), torch.cat([cache_v, v], dim=1)
+    if how == "new_first":
+        return out, torch.cat([k, cache_k], dim=2), torch.cat([v, cache_v], dim=2)
     return out, torch.cat([cache_k, k], dim=2), torch.cat([cache_v, v], dim=2)
 
 
@@ -88,6 +90,12 @@ CACHE_MISTAKES = (
             f"attend the key after it ({section('8.3')})"),
     Mistake(_wrong_step("not_returned"), CACHE_HINT),
     Mistake(_wrong_step("head_axis"), CACHE_HINT),
+    Mistake(_wrong_step("new_first"),
+            f"append the new keys and values after the cached ones, torch.cat([cache_k, k], "
+            f"dim=2): the cache keeps the order of the positions ({section('8.3')})"),
+    Mistake(_wrong_step(scale="none"),
+            f"scale the scores by 1 / sqrt(d), as attention without a cache does "
+            f"({section('4.2')})"),
     Mistake(_wrong_step(scale="v"),
             f"scale by 1 / sqrt(d), the width of q and k, not of v ({section('4.2')})"),
 )

@@ -157,7 +157,7 @@ class TorchMultiHeadAttention(nn.Module):
 class _WrongMultiHead(nn.Module):
     """Multi-head attention with one knob per known mistake."""
 
-    split, merge, scale, out, mask_as = "right", "right", "head", True, "given"
+    split, merge, scale, out, mask_as, dim = "right", "right", "head", True, "given", -1
 
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
@@ -172,10 +172,10 @@ class _WrongMultiHead(nn.Module):
             (lambda y: y.view(b, t, self.h, hd).transpose(1, 2))  # (B, H, T, hd)
         q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
         scores = q @ k.transpose(-2, -1) / math.sqrt(hd if self.scale == "head" else d)
-        if mask is not None:
+        if mask is not None and self.mask_as != "ignored":
             blocked = {"given": ~mask, "inverted": mask, "causal": ~reference_causal(t)}
             scores = scores.masked_fill(blocked[self.mask_as], -math.inf)
-        heads = torch.softmax(scores, dim=-1) @ v  # (B, H, T, hd)
+        heads = torch.softmax(scores, dim=self.dim) @ v  # (B, H, T, hd)
         merged = heads.reshape(b, t, d) if self.merge == "view" else \
             heads.transpose(1, 2).reshape(b, t, d)
         return self.out_proj(merged) if self.out else merged
@@ -200,6 +200,11 @@ MHA_MISTAKES = (
     Mistake(_wrong(mask_as="causal"), f"apply the mask you are given, whatever its pattern: "
                                       f"yours blocks the future keys instead, as if every "
                                       f"mask were causal ({section('5.2')})"),
+    Mistake(_wrong(mask_as="ignored"), f"your layer ignores the mask: forward(x, mask) must "
+                                       f"fill the scores where it is False with -inf before "
+                                       f"the softmax ({section('5.2')})"),
+    Mistake(_wrong(dim=-2), f"softmax over the keys (the last dimension), so that each "
+                            f"query's weights sum to 1 in every head ({section('6.2')})"),
 )
 
 MHA_HINT = ("project, split into heads (view + transpose), attend per head with 1 / "

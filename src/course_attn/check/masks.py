@@ -153,7 +153,7 @@ def padding_mask(fn: Callable[..., Tensor]) -> CheckResult:
 def _masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, how: str = "",
             scale: str = "k") -> tuple[Tensor, Tensor]:
     """Masked attention with a known mistake ``how``, for recognising it."""
-    d = q.shape[-1] if scale == "k" else v.shape[-1]
+    d = {"k": q.shape[-1], "v": v.shape[-1], "none": 1}[scale]
     scores = q @ k.transpose(-2, -1) / math.sqrt(d)  # (..., T_q, T_k)
     fills = {"inverted": (mask, -math.inf), "zero": (~mask, 0.0), "big": (~mask, -1e9)}
     if how == "after":
@@ -163,7 +163,7 @@ def _masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, how: str = "",
         weights = torch.softmax(scores.masked_fill(where, value), dim=-1)
     if how == "cleaned":  # NaN of the empty rows cleaned after the softmax: the backward
         return torch.nan_to_num(weights @ v), torch.nan_to_num(weights)  # still has NaN
-    if scale == "v":
+    if scale != "k":  # only the scale is wrong: the empty rows are right
         weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     return weights @ v, weights
 
@@ -194,6 +194,12 @@ MASKED_MISTAKES = (
             f"(cleaning the output with nan_to_num after a NaN softmax is too late); give that "
             f"row finite scores (0) before the softmax and zero its weights after "
             f"({section('5.6')})"),
+    Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, scale="none"),
+            f"scale the scores by 1 / sqrt(d_k) before masking them, as attention without a "
+            f"mask does ({section('4.2')})"),
+    Mistake(lambda q, k, v, mask: reference_attention(q, k, v)[0:2],
+            f"your attention ignores the mask: fill the scores where it is False with -inf "
+            f"before the softmax ({section('5.2')})"),
     Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, scale="v"),
             f"scale by 1 / sqrt(d_k), the width of q and k, not of v ({section('4.2')})"),
 )

@@ -141,6 +141,9 @@ ROPE_ATTENTION_MISTAKES = (
     Mistake(lambda q, k, v, p: _attend(q, k, v, p, ""),
             f"your output ignores the positions: rotate q and k before the scores "
             f"({section('10.1')})"),
+    Mistake(lambda q, k, v, p: _attend(q, k, v, p, scale=1.0),
+            f"scale the scores by 1 / sqrt(d) after rotating q and k, as attention does "
+            f"({section('4.2')})"),
     Mistake(lambda q, k, v, p: _attend(q, k, v, p, scale=v.shape[-1] ** -0.5),
             f"scale by 1 / sqrt(d), the width of q and k, not of v ({section('4.2')})"),
 )
@@ -199,8 +202,8 @@ def rope_attention(fn: Callable[..., Tensor]) -> CheckResult:
 def _window(t: int, window: int, how: str) -> Tensor:
     i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
     return {"wide": (j <= i) & (j >= i - window), "narrow": (j <= i) & (j > i - window + 1),
-            "both_sides": (i - j).abs() < window, "no_diagonal": (j < i) & (j >= i - window)
-            }[how]
+            "both_sides": (i - j).abs() < window, "no_diagonal": (j < i) & (j >= i - window),
+            "future": i - j < window}[how]
 
 
 WINDOW_MISTAKES = (
@@ -213,8 +216,9 @@ WINDOW_MISTAKES = (
     Mistake(lambda t, window: _window(t, window, "narrow"),
             f"window off by one: a window of W holds W positions, itself included "
             f"({section('10.4')})"),
-    Mistake(lambda t, window: _window(t, window, "both_sides"),
-            f"the window is causal: keys after the query stay blocked ({section('10.4')})"),
+    *(Mistake(lambda t, window, how=how: _window(t, window, how),
+              f"the window is causal: keys after the query stay blocked ({section('10.4')})")
+      for how in ("both_sides", "future")),
     Mistake(lambda t, window: _window(t, window, "no_diagonal"),
             f"the query may attend itself: the diagonal is True ({section('10.4')})"),
 )

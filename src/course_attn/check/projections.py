@@ -118,7 +118,7 @@ class _WrongLayer(nn.Module):
         k, v = self.k_proj(x), self.v_proj(x)  # (B, T, d_out)
         scale = {"out": k.shape[-1], "in": x.shape[-1], "none": 1}[self.scale_by]
         weights = torch.softmax(q @ k.mT / math.sqrt(scale), dim=self.softmax_dim)
-        return weights @ {"v": v, "k": k}[self.mix]  # (B, T, T) @ (B, T, d_out)
+        return weights @ {"v": v, "k": k, "x": x}[self.mix]  # (B, T, T) @ (B, T, d_out)
 
 
 def _wrong_layer(**knobs: object) -> type:
@@ -167,6 +167,8 @@ SELF_ATTENTION_LAYER = Check("self_attention_layer", ReferenceSelfAttention, (
                                           f"({section('3.5')})"),
     Mistake(_wrong_layer(mix="k"), f"the weights mix the values, v = self.v_proj(x), not the "
                                    f"keys ({section('3.5')})"),
+    Mistake(_wrong_layer(mix="x"), f"the weights mix the values, v = self.v_proj(x), not the "
+                                   f"input x itself ({section('3.5')})"),
 ), errors=tuple((phrase, f"call the layer, self.q_proj(x), which computes x @ weight^T "
                          f"({section('3.4')})") for phrase in ("size mismatch",
                                                               "cannot be multiplied")))
@@ -258,13 +260,13 @@ WORKED_4X3 = (torch.tensor([[1.0, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]], dt
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, *, divide: float | None = None, dim: int = -1,
-               naive: bool = False) -> tuple[Tensor, Tensor]:
+               naive: bool = False, mix: str = "v") -> tuple[Tensor, Tensor]:
     scores = _scores(q, k, divide)  # (..., T_q, T_k)
     if naive:
         weights = scores.exp() / scores.exp().sum(-1, keepdim=True)
     else:
         weights = torch.softmax(scores, dim=dim)
-    return weights @ v, weights  # (..., T_q, d_v)
+    return weights @ (k if mix == "k" else v), weights  # (..., T_q, d_v)
 
 
 ATTENTION_MISTAKES = (
@@ -276,6 +278,14 @@ ATTENTION_MISTAKES = (
     Mistake(lambda q, k, v: _attention(q, k, v, divide=q.shape[-1]),
             f"divide by sqrt(d_k), not by d_k (scaling q and then the scores again divides "
             f"by d_k too): the dot product's standard deviation grows as sqrt(d_k) "
+            f"({section('4.2')})"),
+    Mistake(lambda q, k, v: tuple(reversed(_attention(q, k, v))),
+            f"return (out, weights) in this order ({section('4.1')})"),
+    Mistake(lambda q, k, v: _attention(q, k, v, mix="k"),
+            f"the weights mix the values: out = weights @ v, not weights @ k "
+            f"({section('4.1')})"),
+    Mistake(lambda q, k, v: _attention(q, k, v, divide=math.sqrt(k.shape[-2])),
+            f"the scale is sqrt(d_k), the width of the keys, not their number T_k "
             f"({section('4.2')})"),
     Mistake(lambda q, k, v: _attention(q, k, v, divide=math.sqrt(v.shape[-1])),
             f"scale by sqrt(d_k), the width of q and k, not sqrt(d_v) ({section('4.2')})"),

@@ -52,6 +52,9 @@ LOSS_MISTAKES = (
             f"({section('11.2')})"),
     Mistake(lambda lg, t: F.cross_entropy(*_flat(lg, t), reduction="sum"),
             f"average over the B * T positions (the mean), do not sum ({section('11.2')})"),
+    Mistake(lambda lg, t: F.cross_entropy(*_flat(lg, t), reduction="sum") / lg.shape[0],
+            f"average over all B * T positions, not over the B sequences only "
+            f"({section('11.2')})"),
     Mistake(lambda lg, t: F.cross_entropy(*_flat(lg, t)) / math.log(2),
             f"use the natural log (nats): ln N_vocab is the uniform guess's loss "
             f"({section('11.2')})"),
