@@ -109,7 +109,7 @@ def test_another_exception_is_reported_with_its_input_and_the_hint():
     failure = result.failure
     assert failure is not None
     assert failure.got == "ValueError: my own bug" and failure.expected == "no exception"
-    assert failure.inputs == "x = [[2, 1, 0.1], [0, 0, 0]], temperature = 1"
+    assert failure.inputs == "x = [[2, 1, 0.1], [0, 0, 0]], temperature left to its default"
     assert "section 1.3, Softmax turns scores into a distribution" in failure.hint
     assert "  got:      ValueError: my own bug" in str(result)
 
