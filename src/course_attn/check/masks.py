@@ -91,22 +91,49 @@ def _pad(lengths: list[int], max_len: int, side: str, extra: int = 0) -> Tensor:
 OFF_BY_ONE = (f"padding mask off by one: a row of length n has exactly n True entries "
               f"({section('5.4')})")
 
+def _left_only(wrong: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """A mistake made on the left side only: right padding is right."""
+    def mistake(lengths: list[int], max_len: int, side: str = "right") -> Tensor:
+        if side == "right":
+            return reference_padding(lengths, max_len, side="right")
+        return wrong(lengths, max_len, side)
+    return mistake
+
+
+def _inverted(lengths: list[int], max_len: int, side: str = "right") -> Tensor:
+    return ~reference_padding(lengths, max_len, side=side)
+
+
+def _other_side(lengths: list[int], max_len: int, side: str = "right") -> Tensor:
+    return reference_padding(lengths, max_len, side="left" if side == "right" else "right")
+
+
+def _more(lengths: list[int], max_len: int, side: str = "right") -> Tensor:
+    return _pad(lengths, max_len, side, 1)
+
+
+def _fewer(lengths: list[int], max_len: int, side: str = "right") -> Tensor:
+    return _pad(lengths, max_len, side, -1)
+
+
+REAL_TOKENS = (f"True marks the real tokens, False the pads (True = may attend) "
+               f"({section('5.4')})")
+SIDES = (f"side=\"left\" puts the pads first and the real tokens last, side=\"right\" the "
+         f"other way round: check which side you pad ({section('5.5')})")
+
 PADDING_MISTAKES = (
-    Mistake(lambda lengths, max_len, side="right": ~reference_padding(lengths, max_len,
-                                                                      side=side),
-            f"True marks the real tokens, False the pads (True = may attend) "
-            f"({section('5.4')})"),
-    Mistake(lambda lengths, max_len, side="right": reference_padding(
-        lengths, max_len, side="left" if side == "right" else "right"),
-            f"side=\"left\" puts the pads first and the real tokens last, side=\"right\" the "
-            f"other way round: check which side you pad ({section('5.5')})"),
+    # each mistake made on both sides, then on the left only (where a learner's code has a
+    # branch of its own for left padding)
+    *(Mistake(wrong, hint) for wrong, hint in (
+        (_inverted, REAL_TOKENS), (_other_side, SIDES), (_more, OFF_BY_ONE),
+        (_fewer, OFF_BY_ONE))),
+    *(Mistake(_left_only(wrong), hint) for wrong, hint in (
+        (_inverted, REAL_TOKENS), (_other_side, SIDES), (_more, OFF_BY_ONE),
+        (_fewer, OFF_BY_ONE))),
     Mistake(lambda lengths, max_len, side="left": reference_padding(lengths, max_len,
                                                                     side=side),
             f"side=\"right\" is the default: a call without side pads on the right "
             f"({section('5.4')})"),
-    Mistake(lambda lengths, max_len, side="right": _pad(lengths, max_len, side, 1), OFF_BY_ONE),
-    Mistake(lambda lengths, max_len, side="right": _pad(lengths, max_len, side, -1),
-            OFF_BY_ONE),
     Mistake(lambda lengths, max_len, side="right": _pad(lengths, max(lengths), side),
             f"the mask is (B, max_len), even when every sequence is shorter than max_len "
             f"({section('5.4')})"),

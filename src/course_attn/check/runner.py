@@ -9,7 +9,8 @@ private copy before the learner's code runs, calls the learner's code on another
 and compares the result and the inputs afterwards (a function must not change its
 arguments). At the first case that fails it picks the hint: a known mistake only where its
 output differs from the expected one and matches the learner's at the tolerance a pass
-uses; then a changed argument; then a failing property; then the case's own hint.
+uses, and that gives the reference's value on every case passed before; then a changed
+argument; then a failing property; then the case's own hint.
 """
 
 from __future__ import annotations
@@ -303,6 +304,8 @@ class Run:
         self.left = self.limit  # of the time limit, what the learner's code has not used
 
     def fail(self, failure: Failure) -> None:
+        if self.current in self.checked:  # a plan line of several cases, one of them failed
+            self.checked.remove(self.current)
         self.failure = failure
         raise _Stop
 
@@ -367,10 +370,10 @@ class Run:
              difference: Difference | None, change: tuple[str, Difference] | None) -> str:
         """The hint of a failing case: see the module's docstring for the order."""
         if difference is not None:
+            # a mistake that gives a case passed before another value than the reference's
+            # is not the one the learner made, whatever it gives here
             claimed = [m for m in self.check.mistakes
-                       if self._claims(case, base, m, expected, got)]
-            if len(claimed) > 1:  # a mistake that an earlier, passed case rules out is not it
-                claimed = [m for m in claimed if self._consistent(m)] or claimed
+                       if self._claims(case, base, m, expected, got) and self._consistent(m)]
             if claimed:  # two mistakes that give the same output here: both are named
                 return claimed[0].hint if len(claimed) == 1 else \
                     f"{claimed[0].hint}; or else: {claimed[1].hint}"
