@@ -420,6 +420,109 @@ def step_tensor_set_to_none(model, optimizer, x, y):
     return loss.detach()  # a scalar tensor will do
 
 
+# ------------------------------------------------------- a fresh batch, written blind
+
+
+def pool_matmul_index(x, query):
+    weights = torch.softmax(torch.matmul(x, query[..., :, None])[..., 0] * x.shape[-1] ** -0.5,
+                            dim=-1)
+    return (weights[..., None, :] @ x)[..., 0, :], weights
+
+
+def self_attention_cosine_similarity(x, similarity="dot"):
+    if similarity == "cosine":
+        scores = F.cosine_similarity(x.unsqueeze(-2), x.unsqueeze(-3), dim=-1)
+    else:
+        scores = x @ x.mT
+    weights = scores.softmax(-1)
+    return weights @ x, weights
+
+
+def qkv_linear(x, w_q, w_k, w_v):
+    return tuple(F.linear(x, w.T) for w in (w_q, w_k, w_v))
+
+
+def scores_flattened_batch(q, k):
+    flat_q, flat_k = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:])
+    return (torch.bmm(flat_q, flat_k.mT) / math.sqrt(q.shape[-1])).reshape(
+        *q.shape[:-1], k.shape[-2])
+
+
+def attention_scaled_in_place_on_its_own(q, k, v):
+    scores = q @ k.mT
+    scores /= math.sqrt(q.shape[-1])  # in place, on a tensor of its own
+    weights = scores.softmax(-1)
+    return weights @ v, weights
+
+
+def padding_flipped(lengths, max_len, side="right"):
+    mask = torch.arange(max_len)[None] < torch.tensor(lengths)[:, None]
+    return mask.flip(-1) if side == "left" else mask
+
+
+def masked_sdpa(q, k, v, mask):
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # zeros where nothing
+    scores = (q @ k.mT / math.sqrt(q.shape[-1])).masked_fill(~mask, float("-inf"))
+    return out.nan_to_num(), scores.softmax(-1).nan_to_num()
+
+
+class MHAMinus1e9(MHAChapter):
+    """-1e9 for blocked scores: the same wherever a query may attend at least one key."""
+
+    def forward(self, x, mask=None):
+        b, t, d = x.shape
+        q, k, v = (proj(x).view(b, t, self.n_heads, -1).transpose(1, 2)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        scores = q @ k.mT / math.sqrt(self.head_dim)
+        if mask is not None:
+            scores = scores.masked_fill(mask.logical_not(), -1e9)
+        return self.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d))
+
+
+def table_negative_power(context_length, d_model):
+    p = torch.arange(context_length)[:, None].float()
+    rate = 10000 ** (-torch.arange(0, d_model, 2).float() / d_model)
+    pe = torch.zeros(context_length, d_model)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(p * rate), torch.cos(p * rate)
+    return pe
+
+
+def merge_where_equal(m_a, l_a, acc_a, m_b, l_b, acc_b):
+    m = torch.maximum(m_a, m_b)
+    f_a = torch.where(m_a == m, 1.0, torch.exp(m_a - m))  # -inf == -inf: factor 1, times 0
+    f_b = torch.where(m_b == m, 1.0, torch.exp(m_b - m))
+    return m, l_a * f_a + l_b * f_b, acc_a * f_a + acc_b * f_b
+
+
+def rope_repeat_interleave(x, positions):
+    d = x.shape[-1]
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
+    angles = torch.outer(positions.float(), inv)
+    cos = angles.cos().repeat_interleave(2, -1).to(x.dtype)
+    sin = angles.sin().repeat_interleave(2, -1).to(x.dtype)
+    turned = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)
+    return x * cos + turned * sin
+
+
+def loss_one_hot(logits, targets):
+    return -(logits.log_softmax(-1) * F.one_hot(targets, logits.shape[-1])).sum(-1).mean()
+
+
+FRESH = {
+    "attention_pool": [("matmul_index", pool_matmul_index)],
+    "self_attention": [("cosine_similarity", self_attention_cosine_similarity)],
+    "qkv_projection": [("linear", qkv_linear)],
+    "attention_scores": [("flattened_batch", scores_flattened_batch)],
+    "attention": [("in_place_on_its_own", attention_scaled_in_place_on_its_own)],
+    "padding_mask": [("flipped", padding_flipped)],
+    "masked_attention": [("sdpa", masked_sdpa)],
+    "multi_head_attention": [("minus_1e9", MHAMinus1e9)],
+    "sinusoidal_table": [("negative_power", table_negative_power)],
+    "online_merge": [("where_equal", merge_where_equal)],
+    "rope": [("repeat_interleave", rope_repeat_interleave)],
+    "next_token_loss": [("one_hot", loss_one_hot)],
+}
+
 CORRECT = {
     "softmax": [("pow", softmax_pow), ("logsumexp", softmax_logsumexp),
                 ("chapter", softmax_chapter)],
@@ -452,3 +555,5 @@ CORRECT = {
     "training_step": [("chapter", step_chapter), ("tensor", step_tensor_set_to_none),
                       ("zero_grad_last", step_zero_grad_last)],
 }
+for _name, _entries in FRESH.items():
+    CORRECT[_name] = CORRECT[_name] + _entries

@@ -1051,6 +1051,65 @@ NEXT_TOKEN_LOSS += [
      "not over the B sequences"),
 ]
 
+# ------------------------------------------------------- a fresh batch, written blind
+
+
+def _softmax_sum_all(x, temperature=1.0):
+    e = (x / temperature - (x / temperature).amax(-1, keepdim=True)).exp()
+    return e / e.sum()  # the sum of the whole tensor
+
+
+def _pool_mean(x, query):
+    w = torch.softmax((x @ query.unsqueeze(-1)).squeeze(-1) / math.sqrt(x.shape[-1]), dim=-1)
+    return (w.unsqueeze(-1) * x).mean(-2), w
+
+
+def _attn_dropout(q, k, v):
+    w = F.dropout(torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]), -1), 0.1)  # training=True
+    return w @ v, w
+
+
+def _masked_added(q, k, v, mask):
+    w = torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]) + (~mask) * -1e9, dim=-1)
+    return w @ v, w
+
+
+def _table_d_minus_1(t, d):
+    angle = torch.arange(t)[:, None] / 10000 ** (torch.arange(0, d, 2) / (d - 1))
+    return torch.stack([angle.sin(), angle.cos()], -1).flatten(1)
+
+
+def _train_step_twice(model, optimizer, x, y):
+    optimizer.zero_grad()
+    _, loss = model(x, y)
+    loss.backward()
+    optimizer.step()
+    optimizer.step()
+    return loss.item()
+
+
+def _train_l2(model, optimizer, x, y):
+    optimizer.zero_grad()
+    _, loss = model(x, y)
+    (loss + 1e-4 * sum((p ** 2).sum() for p in model.parameters())).backward()
+    optimizer.step()
+    return loss.item()
+
+
+SOFTMAX += [("sum_of_everything", _softmax_sum_all, "do not sum to 1")]
+ATTENTION_POOL += [("mean_not_sum", _pool_mean, "do not average")]
+ATTENTION_SCORES += [("divided_by_sqrt_T_q", lambda q, k: q @ k.mT / math.sqrt(q.shape[-2]),
+                      "not their number")]
+ATTENTION += [("dropout_left_on", _attn_dropout, "no dropout")]
+CAUSAL_MASK += [("int8", lambda t_q, t_k: torch.ones(t_q, t_k).tril(t_k - t_q).to(torch.int8),
+                 "boolean mask")]
+MASKED_ATTENTION += [("minus_1e9_added", _masked_added, "adding -1e9")]
+SINUSOIDAL_TABLE += [("exponent_over_d_minus_1", _table_d_minus_1, "PE[p, 2i] = sin")]
+NEXT_TOKEN_LOSS += [("last_position_only", lambda lg, t: F.cross_entropy(lg[:, -1], t[:, -1]),
+                     "not the last position only")]
+TRAINING_STEP += [("stepped_twice", _train_step_twice, "nothing else"),
+                  ("l2_penalty_in_the_loss", _train_l2, "nothing else")]
+
 #: The kinds of bug that passed the checks of issue 34, and the entries that have them.
 KINDS = {
     "changes an argument in place": [

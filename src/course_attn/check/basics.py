@@ -144,12 +144,14 @@ def softmax(fn: Callable[..., Tensor]) -> CheckResult:
 
 
 def _pool(x: Tensor, query: Tensor, divide: Callable[[Tensor], float],
-          naive: bool = False, dim: int = -1) -> tuple[Tensor, Tensor]:
+          naive: bool = False, dim: int = -1, mean: bool = False) -> tuple[Tensor, Tensor]:
     """Attention pooling with the scores divided by ``divide(x)`` (a mistake when not
-    sqrt(D)), or their softmax over ``dim`` (a mistake when not the last)."""
+    sqrt(D)), their softmax over ``dim`` (a mistake when not the last), or the weighted
+    tokens averaged (``mean``, a mistake)."""
     scores = (x @ query.unsqueeze(-1)).squeeze(-1) / divide(x)  # (..., T)
     weights = _exp_over_sum(scores) if naive else torch.softmax(scores, dim=dim)  # (..., T)
-    return (weights.unsqueeze(-2) @ x).squeeze(-2), weights  # (..., D), (..., T)
+    pooled = (weights.unsqueeze(-2) @ x).squeeze(-2)  # (..., D)
+    return (pooled / x.shape[-2] if mean else pooled), weights
 
 
 def _sqrt_d(x: Tensor) -> float:
@@ -168,6 +170,9 @@ POOL_MISTAKES = (
     Mistake(lambda x, query: _pool(x, query, lambda x: math.sqrt(x.shape[-2])),
             f"divide by sqrt(D), the width of the tokens, not sqrt(T), their number "
             f"({section('1.7')})"),
+    Mistake(lambda x, query: _pool(x, query, _sqrt_d, mean=True),
+            f"the pooled vector is the weighted sum of the tokens, weights @ x: the weights "
+            f"already sum to 1, so do not average (no mean over T) ({section('1.7')})"),
     Mistake(lambda x, query: _pool(x, query, _sqrt_d, dim=0),
             f"softmax over the tokens, the last dimension of the scores (dim=-1), so that "
             f"each sequence's weights sum to 1 ({section('1.7')})"),

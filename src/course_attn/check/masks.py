@@ -185,6 +185,8 @@ def _masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, how: str = "",
     fills = {"inverted": (mask, -math.inf), "zero": (~mask, 0.0), "big": (~mask, -1e9)}
     if how == "after":
         weights = torch.softmax(scores, dim=-1) * mask
+    elif how == "added":
+        weights = torch.softmax(scores - 1e9 * ~mask, dim=-1)
     else:
         where, value = fills.get(how, (~mask, -math.inf))
         weights = torch.softmax(scores.masked_fill(where, value), dim=-1)
@@ -215,6 +217,10 @@ MASKED_MISTAKES = (
             f"with a large negative number (-1e9, -1e4) instead of -inf, a query with no "
             f"allowed key gets uniform weights over keys it may not read; its weights and "
             f"output must be zero ({section('5.6')})"),
+    Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, "added"),
+            f"adding -1e9 to the blocked scores leaves a query with no allowed key its softmax "
+            f"over keys it may not read (the shift cancels); fill with -inf and give such rows "
+            f"zero weights and a zero output ({section('5.6')})"),
     Mistake(lambda q, k, v, mask: _masked(q, k, v, mask), EMPTY_HINT),
     Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, "cleaned"),
             f"your output is right but the backward pass is not: NaN from the empty row "

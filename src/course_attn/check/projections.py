@@ -235,8 +235,8 @@ ATTENTION_SCORES = Check("attention_scores", _scores, (
             f"divide by sqrt(d_k), not by d_k: the dot product's standard deviation grows as "
             f"sqrt(d_k) ({section('4.2')})"),
     Mistake(lambda q, k: _scores(q, k, math.sqrt(k.shape[-2])),
-            f"the scale is sqrt(d_k), the width of the keys, not their number T_k "
-            f"({section('4.2')})"),
+            f"the scale is sqrt(d_k), the width of the queries and keys, not their number "
+            f"(T_q or T_k) ({section('4.2')})"),
     Mistake(lambda q, k: _scores(k, q),
             f"row i is query i: scores = q @ k^T has shape (T_q, T_k) ({section('4.1')})"),
 ), errors=(("must match the size", K_T_HINT), ("cannot be multiplied", K_T_HINT)))
@@ -285,8 +285,8 @@ ATTENTION_MISTAKES = (
             f"the weights mix the values: out = weights @ v, not weights @ k "
             f"({section('4.1')})"),
     Mistake(lambda q, k, v: _attention(q, k, v, divide=math.sqrt(k.shape[-2])),
-            f"the scale is sqrt(d_k), the width of the keys, not their number T_k "
-            f"({section('4.2')})"),
+            f"the scale is sqrt(d_k), the width of the queries and keys, not their number "
+            f"(T_q or T_k) ({section('4.2')})"),
     Mistake(lambda q, k, v: _attention(q, k, v, divide=math.sqrt(v.shape[-1])),
             f"scale by sqrt(d_k), the width of q and k, not sqrt(d_v) ({section('4.2')})"),
     Mistake(lambda q, k, v: _attention(q, k, v, dim=-2),
@@ -325,7 +325,8 @@ ATTENTION = Check("attention", lambda q, k, v: reference_attention(q, k, v), (
           gradients((0, 1, 2)), gradient_properties(("q", "k", "v"), "4.4"), FLOAT32),
 ), params=("q", "k", "v"), mistakes=ATTENTION_MISTAKES,
     properties=(not_normalised(1, f"your weights' rows do not sum to 1: softmax over the keys, "
-                                  f"the last dimension ({section('4.1')})"),),
+                                  f"the last dimension, and no dropout (this exercise has "
+                                  f"none) ({section('4.1')})"),),
     errors=(("must match the size", K_T_HINT),))
 
 

@@ -52,6 +52,9 @@ LOSS_MISTAKES = (
             f"({section('11.2')})"),
     Mistake(lambda lg, t: F.cross_entropy(*_flat(lg, t), reduction="sum"),
             f"average over the B * T positions (the mean), do not sum ({section('11.2')})"),
+    Mistake(lambda lg, t: F.cross_entropy(lg[:, -1], t[:, -1]),
+            f"average over every position of every sequence, not the last position only: "
+            f"each position predicts its next token ({section('11.2')})"),
     Mistake(lambda lg, t: F.cross_entropy(*_flat(lg, t), reduction="sum") / lg.shape[0],
             f"average over all B * T positions, not over the B sequences only "
             f"({section('11.2')})"),
