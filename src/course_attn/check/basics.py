@@ -102,7 +102,7 @@ SOFTMAX = Check("softmax", _softmax_reference, (
                   MAX_HINT, "1.6"),
     _softmax_case("rows near 1000, near -1000 and near 0, and one spanning 805, at once: "
                   "each row its own maximum", MIXED, 1.0, MAX_HINT, "1.6"),
-    _softmax_case("a score of -inf gets weight 0 (a masked score, chapter 5)", MASKED, 1.0,
+    _softmax_case("a score of -inf, as chapter 5's masks set, gets weight 0", MASKED, 1.0,
                   "a score of -inf (a blocked key) must get weight exp(-inf) = 0 and leave the "
                   "other weights summing to 1", "5.2"),
     *(_softmax_case("size-1 dimensions: x (1, 1, 4), and rows of a single score (3, 1)",
