@@ -16,9 +16,14 @@ lists what the check will test::
     print(check.softmax(my_softmax))
 
 Every check runs on the CPU, in well under two seconds, leaves torch's random generator
-as it found it and prints nothing that depends on the machine. ``python -m
-course_attn.check FILE.py`` runs every check whose name (``NAMES``) the learner's file
-defines.
+as it found it, and prints nothing that depends on the machine when it passes or when the
+function is not written yet. Each check is a table (``TABLES``): the package's reference,
+its cases and the known mistakes, run by :func:`~course_attn.check.runner.run_check`. The
+learner's code runs on private copies of the inputs and must leave them as they were;
+layers are built, given seeded weights and run in ``eval()`` mode; numbers are compared at
+a stated tolerance (``check/values.py``). ``python -m course_attn.check FILE.py`` runs every
+check whose function the learner's file defines, under its own name or the notebooks'
+(``LEARNER_NAMES``; ``book/setup.md`` says how to use it).
 
 The checks, by chapter (what the learner writes, in brackets):
 
@@ -47,27 +52,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .basics import (
-    attention,
-    attention_pool,
-    attention_scores,
-    qkv_projection,
-    self_attention,
-    self_attention_layer,
-    softmax,
-)
+from . import basics, block, decoding, efficient, heads, masks, modern, projections, training
+from .basics import attention_pool, self_attention, softmax
+from .block import pre_norm_block, sinusoidal_table
 from .decoding import kv_cache_step, positions
 from .efficient import online_merge, tile_step
-from .heads import merge_heads, multi_head_attention, pre_norm_block, sinusoidal_table, split_heads
+from .heads import merge_heads, multi_head_attention, split_heads
 from .masks import causal_mask, masked_attention, padding_mask
 from .modern import rope, rope_attention, sliding_window_mask
+from .projections import attention, attention_scores, qkv_projection, self_attention_layer
 from .report import CheckResult, Failure
+from .runner import Check
 from .training import next_token_loss, training_step
 
 __all__ = [
     "CHECKS",
+    "LEARNER_NAMES",
     "NAMES",
     "SIGNATURES",
+    "TABLES",
     "CheckResult",
     "Failure",
     "attention",
@@ -124,12 +127,28 @@ CHECKS: dict[str, Callable[..., CheckResult]] = {
     "training_step": training_step,
 }
 
+#: Every check's table (its reference, cases and known mistakes), by the check's name.
+TABLES: dict[str, Check] = {
+    name: getattr(module, name.upper())
+    for module in (basics, projections, masks, heads, block, decoding, efficient, modern,
+                   training)
+    for name in module.__all__
+}
+
 #: The name each check looks for in a learner's file (``python -m course_attn.check``):
 #: the check's own name for a function, the class's name for a layer.
 NAMES: dict[str, str] = {name: name for name in CHECKS} | {
     "self_attention_layer": "SelfAttention",
     "multi_head_attention": "MultiHeadAttention",
 }
+
+#: Every name the command line looks for, per check: the check's own (``NAMES``) and the
+#: notebooks' (``my_softmax``, ``MyMultiHeadAttention``; chapter 2 has a loop version too).
+LEARNER_NAMES: dict[str, tuple[str, ...]] = {
+    check: (name, f"My{name}" if name[0].isupper() else f"my_{name}")
+    for check, name in NAMES.items()
+}
+LEARNER_NAMES["self_attention"] += ("my_self_attention_loop",)
 
 #: What the learner writes for each check, as a one-line signature.
 SIGNATURES: dict[str, str] = {

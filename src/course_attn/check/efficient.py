@@ -3,11 +3,13 @@
 A partial softmax over part of a row is ``(m, l, acc)``: the largest score seen, the sum
 of ``exp(score - m)`` and the sum of ``exp(score - m) * value``. A part that has seen no
 allowed score is ``(-inf, 0, 0)``. The package's :class:`~course_attn.SoftmaxState` and
-:func:`~course_attn.merge_softmax_states` are the reference.
+:func:`~course_attn.merge_softmax_states` are the reference. The values are narrower than
+the keys (``d_v != d``), so a scale taken from the wrong width shows.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -15,14 +17,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.attention import scaled_dot_product_attention as reference_attention
 from ..core.tiled import SoftmaxState, merge_softmax_states
-from .basics import TIGHT, randn
-from .report import CheckResult, Run, has_nan, like, run_check, section
+from .common import F64, gen, randn
+from .report import CheckResult, section
+from .runner import Case, Check, Inputs, Mistake, Property, args, run_check
+from .values import FLOAT32
 
 __all__ = ["online_merge", "tile_step"]
 
-F64 = torch.float64
 State = tuple[Tensor, Tensor, Tensor]
 
 
@@ -33,12 +35,6 @@ def partial(scores: Tensor, values: Tensor) -> State:
     return m, p.sum(dim=-1, keepdim=True), (p.unsqueeze(-2) @ values).squeeze(-2)
 
 
-def reference_merge(a: State, b: State) -> State:
-    merged = merge_softmax_states(SoftmaxState(*a), SoftmaxState(*b))
-    assert merged.acc is not None  # both parts carry acc
-    return merged.m, merged.l, merged.acc
-
-
 def empty_state(rows: tuple[int, ...], d: int) -> State:
     """The state of rows that have seen no allowed score: ``(-inf, 0, 0)``."""
     m = torch.full((*rows, 1), -math.inf, dtype=F64)
@@ -47,89 +43,93 @@ def empty_state(rows: tuple[int, ...], d: int) -> State:
 
 # -------------------------------------------------------------------------- online_merge
 
-MERGE_PLAN = (
-    "section 9.2's row [3, 1, 1000, 2, 1001, -5] in two parts, with values (6, 3) (9.2)",
-    "an empty part (-inf, 0, 0) merged with a real one, on either side (9.3)",
-    "two empty parts, as for a fully padded row: (-inf, 0, 0), no NaN (9.3)",
-    "random rows (2, 3, 1) split in three parts, merged in two orders, float64",
+
+def _reference_merge(m_a: Tensor, l_a: Tensor, acc_a: Tensor, m_b: Tensor, l_b: Tensor,
+                     acc_b: Tensor) -> State:
+    merged = merge_softmax_states(SoftmaxState(m_a, l_a, acc_a), SoftmaxState(m_b, l_b, acc_b))
+    assert merged.acc is not None  # both parts carry acc
+    return merged.m, merged.l, merged.acc
+
+
+def _merge_variant(how: str) -> Callable[..., State]:
+    def wrong(m_a: Tensor, l_a: Tensor, acc_a: Tensor, m_b: Tensor, l_b: Tensor,
+              acc_b: Tensor) -> State:
+        m = torch.minimum(m_a, m_b) if how == "min" else torch.maximum(m_a, m_b)
+        if how == "no_rescale":
+            return m, l_a + l_b, acc_a + acc_b
+        f_a, f_b = torch.exp(m_a - m), torch.exp(m_b - m)  # NaN where both are -inf
+        if how == "inverted":
+            f_a, f_b = 1 / f_a, 1 / f_b
+        if how == "l_only":
+            return m, f_a * l_a + f_b * l_b, acc_a + acc_b
+        return m, f_a * l_a + f_b * l_b, f_a * acc_a + f_b * acc_b  # "min", "unguarded"
+    return wrong
+
+
+EMPTY_HINT = (f"a part that has seen no allowed score is (-inf, 0, 0): its factor exp(m_a - "
+              f"m) must be 0, but -inf - (-inf) is NaN; where m is -inf, subtract 0 instead "
+              f"(torch.where(torch.isinf(m), 0, m)) ({section('9.3')})")
+MERGE_MISTAKES = (
+    Mistake(_merge_variant("no_rescale"),
+            f"rescale each part by exp(m_part - m) before adding: the parts' exponentials are "
+            f"relative to different maxima ({section('9.2')})"),
+    Mistake(_merge_variant("l_only"),
+            f"rescale acc as well as l, by the same factors exp(m_a - m) and exp(m_b - m) "
+            f"({section('9.2')})"),
+    Mistake(_merge_variant("inverted"),
+            f"the factors are exp(m_a - m) <= 1, not exp(m - m_a): a part is scaled down to "
+            f"the larger maximum ({section('9.2')})"),
+    Mistake(_merge_variant("min"),
+            f"m is the larger of the two maxima, max(m_a, m_b) ({section('9.2')})"),
+    Mistake(_merge_variant("unguarded"), EMPTY_HINT),
 )
+MERGE_HINT = "m = max(m_a, m_b); l = l_a exp(m_a - m) + l_b exp(m_b - m); acc the same way"
+EMPTY_TEXT = "a part with no allowed score, (-inf, 0, 0), must contribute nothing, never NaN"
 
 
-def _merge_variant(a: State, b: State, how: str) -> State:
-    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = a, b
-    m = torch.maximum(m_a, m_b)
-    if how == "no_rescale":
-        return m, l_a + l_b, acc_a + acc_b
-    if how == "rescale_l_only":
-        return m, l_a * torch.exp(m_a - m) + l_b * torch.exp(m_b - m), acc_a + acc_b
-    if how == "inverted":
-        return m, l_a * torch.exp(m - m_a) + l_b * torch.exp(m - m_b), \
-            acc_a * torch.exp(m - m_a) + acc_b * torch.exp(m - m_b)
-    # "min": the smaller maximum kept
-    m_low = torch.minimum(m_a, m_b)
-    return m_low, l_a * torch.exp(m_a - m_low) + l_b * torch.exp(m_b - m_low), \
-        acc_a * torch.exp(m_a - m_low) + acc_b * torch.exp(m_b - m_low)
-
-
-def _merge_body(run: Run, fn: Callable[..., Any]) -> None:
-    hint = (f"m = max(m_a, m_b); l = l_a exp(m_a - m) + l_b exp(m_b - m); acc the same way "
-            f"({section('9.2')})")
-    empty_hint = (f"a part that has seen no allowed score is (-inf, 0, 0): its factor exp(m_a - "
-                  f"m) must be 0, but -inf - (-inf) is NaN; where m is -inf, subtract 0 instead "
-                  f"(torch.where(torch.isinf(m), 0, m)) ({section('9.3')})")
-
-    def check(case: str, a: State, b: State, inputs: str, case_hint: str) -> None:
-        got = run.call(case, inputs, lambda: fn(*(t.clone() for t in (*a, *b))), case_hint)
-        # with an empty part, NaN comes from -inf - (-inf) whatever else may be wrong
-        empty_part = bool(torch.isinf(a[0]).any() or torch.isinf(b[0]).any())
-        nan_first = [(has_nan, empty_hint)] if empty_part else []
-        run.compare(case, inputs, got, reference_merge(a, b), case_hint, **TIGHT, mistakes=[
-            *nan_first,
-            (like(lambda: _merge_variant(a, b, "no_rescale")),
-             f"rescale each part by exp(m_part - m) before adding: the parts' exponentials are "
-             f"relative to different maxima ({section('9.2')})"),
-            (like(lambda: _merge_variant(a, b, "rescale_l_only")),
-             f"rescale acc as well as l, by the same factors exp(m_a - m) and exp(m_b - m) "
-             f"({section('9.2')})"),
-            (like(lambda: _merge_variant(a, b, "inverted")),
-             f"the factors are exp(m_a - m) <= 1, not exp(m - m_a): a part is scaled down to "
-             f"the larger maximum ({section('9.2')})"),
-            (like(lambda: _merge_variant(a, b, "min")),
-             f"m is the larger of the two maxima, max(m_a, m_b) ({section('9.2')})"),
-            (has_nan, empty_hint),
-        ])
-        run.passed(case)
-
+def _row_of_section_9_2() -> Inputs:
     x = torch.tensor([3.0, 1.0, 1000.0, 2.0, 1001.0, -5.0], dtype=F64)
-    values = torch.randn(6, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
-    a, b = partial(x[:4], values[:4]), partial(x[4:], values[4:])
-    check(MERGE_PLAN[0], a, b, "the partial results of x[:4] and x[4:] of section 9.2 "
-          "(m and l of shape (1,), acc (3,)), float64", hint)
+    values = randn(gen(0), 6, 3)
+    return args(*partial(x[:4], values[:4]), *partial(x[4:], values[4:]))
 
-    gen = torch.Generator().manual_seed(14)
-    scores, vals = randn(gen, 4, 5), randn(gen, 4, 5, 3)
-    real, empty = partial(scores, vals), empty_state((4,), 3)
-    check(MERGE_PLAN[1], empty, real, "a = (-inf, 0, 0) for 4 rows, b = the state of random "
-          "scores (4, 5) and values (4, 5, 3), float64, seed 14", empty_hint)
-    run.checked.pop()  # both orders are one case of the plan
-    check(MERGE_PLAN[1], real, empty, "the same two parts, a and b swapped", empty_hint)
-    check(MERGE_PLAN[2], empty, empty, "a = b = (-inf, 0, 0) for 4 rows, acc of width 3",
-          empty_hint)
 
-    case = MERGE_PLAN[3]
-    scores, vals = randn(gen, 2, 3, 9, scale=4.0), randn(gen, 2, 3, 9, 4)
-    parts = [partial(scores[..., s], vals[..., s, :]) for s in
-             (slice(0, 2), slice(2, 7), slice(7, 9))]
-    inputs = ("the states of random scores (2, 3, 9) in columns 0-1, 2-6 and 7-8, values (2, 3, "
-              "9, 4), float64, seed 14")
-    merge = lambda p, q: run.call(case, inputs, lambda: fn(*p, *q), hint)  # noqa: E731
-    left = merge(merge(parts[0], parts[1]), parts[2])
-    right = merge(parts[0], merge(parts[2], parts[1]))
-    expected = partial(scores, vals)
-    for got in (left, right):
-        run.compare(case, inputs + ", merged as (a + b) + c and a + (c + b)", got, expected,
-                    hint, **TIGHT)
-    run.passed(case)
+def _with_empty(order: str) -> Inputs:
+    g = gen(14)
+    real, empty = partial(randn(g, 4, 5), randn(g, 4, 5, 3)), empty_state((4,), 3)
+    parts = {"empty first": (empty, real), "empty last": (real, empty),
+             "both empty": (empty, empty)}[order]
+    return args(*parts[0], *parts[1])
+
+
+def _three_parts() -> Inputs:
+    g = gen(14)
+    scores, values = randn(g, 2, 3, 9, scale=4.0), randn(g, 2, 3, 9, 5)
+    cuts = (slice(0, 2), slice(2, 7), slice(7, 9))
+    return args(*(t for s in cuts for t in partial(scores[..., s], values[..., s, :])))
+
+
+def _two_orders(fn: Any, positional: tuple[Any, ...], keyword: dict[str, Any]) -> object:
+    """Three parts merged as (a + b) + c and as a + (c + b): the same whole row."""
+    a, b, c = positional[:3], positional[3:6], positional[6:]
+    return tuple(fn(*fn(*a, *b), *c)), tuple(fn(*a, *fn(*c, *b)))
+
+
+ONLINE_MERGE = Check("online_merge", _reference_merge, (
+    Case("section 9.2's row [3, 1, 1000, 2, 1001, -5] in two parts, with values (6, 3)",
+         _row_of_section_9_2, "the partial results of x[:4] and x[4:] of section 9.2 (m and "
+         "l of shape (1,), acc (3,)), float64", MERGE_HINT, "9.2", FLOAT32),
+    *(Case("an empty part (-inf, 0, 0) merged with a real one, on either side",
+           functools.partial(_with_empty, order), f"{order}: (-inf, 0, 0) for 4 rows and the "
+           f"state of random scores (4, 5) with values (4, 5, 3), float64, seed 14",
+           EMPTY_TEXT, "9.3", FLOAT32) for order in ("empty first", "empty last")),
+    Case("two empty parts, as for a fully padded row: (-inf, 0, 0), no NaN",
+         lambda: _with_empty("both empty"), "a = b = (-inf, 0, 0) for 4 rows, acc of width 3",
+         EMPTY_TEXT, "9.3", FLOAT32),
+    Case("random rows (2, 3) split in three parts, merged in two orders, float64",
+         _three_parts, "the states of random scores (2, 3, 9) in columns 0-1, 2-6 and 7-8, "
+         "values (2, 3, 9, 5), float64, seed 14; merged as (a + b) + c and a + (c + b)",
+         MERGE_HINT, "9.2", FLOAT32, _two_orders),
+), params=("m_a", "l_a", "acc_a", "m_b", "l_b", "acc_b"), mistakes=MERGE_MISTAKES)
 
 
 def online_merge(fn: Callable[..., State]) -> CheckResult:
@@ -137,113 +137,114 @@ def online_merge(fn: Callable[..., State]) -> CheckResult:
     (Chapter 9).
 
     Each part is a partial softmax over disjoint columns of the same rows: ``m (..., 1)`` the
-    largest score, ``l (..., 1)`` the sum of ``exp(score - m)``, ``acc (..., d)`` the sum of
-    ``exp(score - m) * value``; a part with no allowed score is ``(-inf, 0, 0)``. The merge is
-    exact: ``m = max(m_a, m_b)``, each part rescaled by ``exp(m_part - m)`` (section 9.2).
+    largest score, ``l (..., 1)`` the sum of ``exp(score - m)``, ``acc (..., d_v)`` the sum
+    of ``exp(score - m) * value``; a part with no allowed score is ``(-inf, 0, 0)``. The
+    merge is exact: ``m = max(m_a, m_b)``, each part rescaled by ``exp(m_part - m)``
+    (section 9.2); neither part may be changed in place.
     """
-    return run_check("online_merge", MERGE_PLAN, fn, _merge_body)
+    return run_check(ONLINE_MERGE, fn)
 
 
 # ----------------------------------------------------------------------------- tile_step
 
-TILE_PLAN = (
-    "one tile from the empty state (-inf, 0, 0): 4 queries, 3 keys of width 4 (9.3)",
-    "section 9.3's loop, T = 10, blocks of 4 queries and 3 keys: every tile from the "
-    "reference's state, then acc / l against the manual attention",
-    "a batch of heads (2, 3): blocks (2, 3, 5, 8) of queries and (2, 3, 6, 8) of keys",
-    "large scores (q and k times 20): no overflow (9.3)",
-)
+
+def _tile(m: Tensor, l: Tensor, acc: Tensor, q: Tensor, k: Tensor,  # noqa: E741
+          v: Tensor, how: str = "") -> State:
+    """One tile, right or with the known mistake ``how``."""
+    d = {"unscaled": 1, "by_d_v": v.shape[-1]}.get(how, q.shape[-1])
+    s = q @ k.transpose(-2, -1) / math.sqrt(d)  # (..., b_q, b_k)
+    m_new = s.amax(dim=-1, keepdim=True)  # (..., b_q, 1)
+    if how != "block_max":
+        m_new = torch.maximum(m, m_new)
+    p = torch.exp(s - (m if how == "old_max" else m_new))  # (..., b_q, b_k)
+    factor = torch.exp(m - m_new)  # (..., b_q, 1): 0 at the first block
+    l_new = (l if how == "l_stale" else l * factor) + p.sum(dim=-1, keepdim=True)
+    acc_new = (acc if how == "acc_stale" else acc * factor) + p @ v  # (..., b_q, d_v)
+    return m_new, l_new, acc_new / l_new if how == "normalised" else acc_new
 
 
-def reference_tile(state: State, q: Tensor, k: Tensor, v: Tensor) -> State:
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., bq, bk)
-    m = scores.amax(dim=-1, keepdim=True)  # (..., bq, 1)
-    p = torch.exp(scores - m)  # (..., bq, bk)
-    return reference_merge(state, (m, p.sum(dim=-1, keepdim=True), p @ v))
+def _reference_tile(m: Tensor, l: Tensor, acc: Tensor, q: Tensor, k: Tensor,  # noqa: E741
+                    v: Tensor) -> State:
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., b_q, b_k)
+    block = partial(scores, v.unsqueeze(-3).expand(*scores.shape, v.shape[-1]))
+    return _reference_merge(m, l, acc, *block)
 
 
-def _tile_variant(state: State, q: Tensor, k: Tensor, v: Tensor, how: str) -> State:
-    m, l, acc = state
-    scores = q @ k.transpose(-2, -1) / (1.0 if how == "unscaled" else math.sqrt(q.shape[-1]))
-    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
-    if how == "block_max":
-        m_new = scores.amax(dim=-1, keepdim=True)
-    p = torch.exp(scores - (m if how == "old_max" else m_new))
-    factor = torch.exp(m - m_new)
-    l_new = (l if how == "l_not_rescaled" else l * factor) + p.sum(dim=-1, keepdim=True)
-    acc_new = (acc if how == "acc_not_rescaled" else acc * factor) + p @ v
-    if how == "normalised":
-        acc_new = acc_new / l_new
-    return m_new, l_new, acc_new
+def _wrong_tile(how: str) -> Callable[..., State]:
+    def wrong(m: Tensor, l: Tensor, acc: Tensor, q: Tensor, k: Tensor,  # noqa: E741
+              v: Tensor) -> State:
+        return _tile(m, l, acc, q, k, v, how)
+    return wrong
 
 
-def _tile_body(run: Run, fn: Callable[..., Any]) -> None:
-    hint = (f"s = q k^T / sqrt(d); m_new = max(m, row max of s); p = exp(s - m_new); "
-            f"l = l exp(m - m_new) + sum p; acc = acc exp(m - m_new) + p v ({section('9.3')})")
-
-    def check(case: str, state: State, q: Tensor, k: Tensor, v: Tensor, inputs: str) -> State:
-        got = run.call(case, inputs, lambda: fn(*(t.clone() for t in (*state, q, k, v))), hint)
-        run.compare(case, inputs, got, reference_tile(state, q, k, v), hint, **TIGHT, mistakes=[
-            (like(lambda: _tile_variant(state, q, k, v, "acc_not_rescaled")),
-             f"when the maximum grows, rescale the old acc by exp(m - m_new) before adding the "
-             f"block's p v ({section('9.3')})"),
-            (like(lambda: _tile_variant(state, q, k, v, "l_not_rescaled")),
-             f"when the maximum grows, rescale the old l by exp(m - m_new) before adding the "
-             f"block's sum ({section('9.3')})"),
-            (like(lambda: _tile_variant(state, q, k, v, "unscaled")),
-             f"scale the block's scores by 1 / sqrt(d), as the manual path does "
-             f"({section('9.3')})"),
-            (like(lambda: _tile_variant(state, q, k, v, "block_max")),
-             f"m_new is the larger of the old m and the block's row maxima, not the block's "
-             f"maxima alone ({section('9.3')})"),
-            (like(lambda: _tile_variant(state, q, k, v, "normalised")),
-             f"keep acc unnormalised (a sum of exp(s - m) v): divide by l only once, after "
-             f"the last key block ({section('9.3')})"),
-            (lambda g: has_nan(g) or _is_inf(g),
-             f"the exponentials use the new maximum, exp(s - m_new) and exp(m - m_new), so "
-             f"that none exceeds 1 (the old m is -inf at the first block) ({section('9.3')})"),
-        ])
-        return reference_tile(state, q, k, v)
-
-    gen = torch.Generator().manual_seed(15)
-    q, k, v = randn(gen, 4, 4), randn(gen, 3, 4), randn(gen, 3, 4)
-    check(TILE_PLAN[0], empty_state((4,), 4), q, k, v,
-          "(m, l, acc) = (-inf, 0, 0) for 4 queries; random q (4, 4), k and v (3, 4), "
-          "float64, seed 15")
-    run.passed(TILE_PLAN[0])
-
-    case = TILE_PLAN[1]
-    t, d, bq, bk = 10, 4, 4, 3
-    q1, k1, v1 = (torch.randn(t, d, dtype=F64, generator=torch.Generator().manual_seed(1 + i))
-                  for i in range(3))
-    out = torch.empty(t, d, dtype=F64)
-    for i in range(0, t, bq):
-        rows = slice(i, min(i + bq, t))
-        state = empty_state((rows.stop - i,), d)
-        for j in range(0, t, bk):
-            cols = slice(j, min(j + bk, t))
-            state = check(case, state, q1[rows], k1[cols], v1[cols],
-                          f"query block {i // bq} (rows {rows.start}-{rows.stop - 1}), key "
-                          f"block {j // bk} (keys {cols.start}-{cols.stop - 1}), the state "
-                          f"after the blocks before; q, k, v (10, 4), float64")
-        out[rows] = state[2] / state[1]
-    expected, _ = reference_attention(q1, k1, v1)
-    run.compare(case, "q, k, v (10, 4), float64", out, expected, hint, **TIGHT)
-    run.passed(case)
-
-    state = partial(randn(gen, 2, 3, 5, 2), randn(gen, 2, 3, 5, 2, 8))
-    qb, kb, vb = randn(gen, 2, 3, 5, 8), randn(gen, 2, 3, 6, 8), randn(gen, 2, 3, 6, 8)
-    check(TILE_PLAN[2], state, qb, kb, vb, "the state of 2 earlier random scores per row; "
-          "random q (2, 3, 5, 8), k and v (2, 3, 6, 8), float64, seed 15")
-    run.passed(TILE_PLAN[2])
-    check(TILE_PLAN[3], state, 20 * qb, 20 * kb, vb, "the same state and v; 20 * q, 20 * k")
-    run.passed(TILE_PLAN[3])
-
-
-def _is_inf(got: object) -> bool:
-    """Whether ``l`` or ``acc`` of a returned state overflowed to inf."""
+def _overflow(got: object, expected: object, inputs: Inputs) -> bool:
     return isinstance(got, tuple | list) and len(got) == 3 and any(
-        isinstance(t, Tensor) and bool(torch.isinf(t.detach()).any()) for t in got[1:])
+        isinstance(t, Tensor) and not bool(torch.isfinite(t.detach()).all()) for t in got[1:])
+
+
+TILE_MISTAKES = tuple(Mistake(_wrong_tile(how), hint) for how, hint in (
+    ("acc_stale", f"when the maximum grows, rescale the old acc by exp(m - m_new) before "
+                  f"adding the block's p v ({section('9.3')})"),
+    ("l_stale", f"when the maximum grows, rescale the old l by exp(m - m_new) before adding "
+                f"the block's sum ({section('9.3')})"),
+    ("unscaled", f"scale the block's scores by 1 / sqrt(d), as the manual path does "
+                 f"({section('9.3')})"),
+    ("by_d_v", f"scale by 1 / sqrt(d), the width of q and k, not of v ({section('4.2')})"),
+    ("block_max", f"m_new is the larger of the old m and the block's row maxima, not the "
+                  f"block's maxima alone ({section('9.3')})"),
+    ("normalised", f"keep acc unnormalised (a sum of exp(s - m) v): divide by l only once, "
+                   f"after the last key block ({section('9.3')})"),
+))
+OVERFLOW_HINT = (f"your l or acc overflowed to inf or NaN: the exponentials use the new "
+                 f"maximum, exp(s - m_new) and exp(m - m_new), so that none exceeds 1 (the "
+                 f"old m is -inf at the first block) ({section('9.3')})")
+TILE_HINT = ("s = q k^T / sqrt(d); m_new = max(m, row max of s); p = exp(s - m_new); l = l "
+             "exp(m - m_new) + sum p; acc = acc exp(m - m_new) + p v")
+
+
+def _tile_inputs(rows: int, keys: int, batch: tuple[int, ...] = (), scale: float = 1.0,
+                 prior: bool = False) -> Inputs:
+    g = gen(15)
+    q, k = randn(g, *batch, rows, 4, scale=scale), randn(g, *batch, keys, 4, scale=scale)
+    v = randn(g, *batch, keys, 3)
+    state = partial(randn(g, *batch, rows, 2), randn(g, *batch, rows, 2, 3)) if prior else \
+        empty_state((*batch, rows), 3)
+    return args(*state, q, k, v)
+
+
+def _loop(fn: Any, positional: tuple[Any, ...], keyword: dict[str, Any]) -> object:
+    """Section 9.3's loop over blocks of 4 queries and 3 keys, on the function's own state;
+    the final states of the query blocks, stacked."""
+    q, k, v = positional
+    states = []
+    for i in range(0, q.shape[0], 4):
+        state = empty_state((min(i + 4, q.shape[0]) - i,), v.shape[-1])
+        for j in range(0, k.shape[0], 3):
+            state = tuple(fn(*state, q[i:i + 4], k[j:j + 3], v[j:j + 3]))
+        states.append(state)
+    return tuple(torch.cat([s[n] for s in states]) for n in range(3))
+
+
+TILE_STEP = Check("tile_step", _reference_tile, (
+    Case("one tile from the empty state (-inf, 0, 0): 4 queries, 3 keys of width 4, values "
+         "of width 3", lambda: _tile_inputs(4, 3), "(m, l, acc) = (-inf, 0, 0) for 4 queries; "
+         "random q (4, 4), k (3, 4), v (3, 3), float64, seed 15", TILE_HINT, "9.3", FLOAT32),
+    Case("section 9.3's loop, T = 10, blocks of 4 queries and 3 keys, each tile on your own "
+         "state", lambda: args(*(randn(gen(15), 10, w) for w in (4, 4, 3))),
+         "q, k (10, 4) and v (10, 3), float64, seed 15; compared: the final (m, l, acc) of "
+         "every query row", TILE_HINT, "9.3", FLOAT32, _loop),
+    Case("a batch of heads (2, 3): blocks (2, 3, 5, 4) of queries and (2, 3, 6, 4) of keys",
+         lambda: _tile_inputs(5, 6, (2, 3), prior=True), "the state of 2 earlier random "
+         "scores per row; random q (2, 3, 5, 4), k (2, 3, 6, 4), v (2, 3, 6, 3), float64, "
+         "seed 15", TILE_HINT, "9.3", FLOAT32),
+    Case("size-1 dimensions: one query row against one key", lambda: _tile_inputs(1, 1),
+         "(-inf, 0, 0) for 1 query; random q (1, 4), k (1, 4), v (1, 3), float64, seed 15",
+         TILE_HINT, "9.3", FLOAT32),
+    Case("large scores (q and k times 20): no overflow",
+         lambda: _tile_inputs(5, 6, (2, 3), scale=20.0, prior=True), "as the batch of heads, "
+         "with 20 * q and 20 * k", TILE_HINT, "9.3", FLOAT32),
+), params=("m", "l", "acc", "q", "k", "v"), mistakes=TILE_MISTAKES,
+    properties=(Property(_overflow, OVERFLOW_HINT),))
 
 
 def tile_step(fn: Callable[..., State]) -> CheckResult:
@@ -251,8 +252,9 @@ def tile_step(fn: Callable[..., State]) -> CheckResult:
 
     ``q (..., b_q, d)`` is a block of queries, ``k (..., b_k, d)`` and ``v (..., b_k, d_v)`` a
     block of keys and values; ``m, l (..., b_q, 1)`` and ``acc (..., b_q, d_v)`` the running
-    state of the query rows (``(-inf, 0, 0)`` before the first block). The step scores the
-    block, ``s = q k^T / sqrt(d)``, and folds it into the state with the online-softmax
-    rescaling (section 9.3); after the last block the output is ``acc / l``.
+    state of the query rows (``(-inf, 0, 0)`` before the first block), which the step must
+    not change in place. The step scores the block, ``s = q k^T / sqrt(d)``, and folds it
+    into the state with the online-softmax rescaling (section 9.3); after the last block
+    the output is ``acc / l``.
     """
-    return run_check("tile_step", TILE_PLAN, fn, _tile_body)
+    return run_check(TILE_STEP, fn)
