@@ -32,7 +32,7 @@ SECTIONS: dict[str, str] = {
     "3.5": "From raw parameters to the package class",
     "4.1": "The computation, four ways",
     "4.2": "The variance of a dot product",
-    "4.4": "Saturation makes the gradient vanish",
+    "4.4": "Saturation and the gradient",
     "4.5": "The worked 4x3 example, corrected",
     "5.2": "Building the mask: $-\\infty$ before softmax, or zero after it",
     "5.3": "`causal_mask`, and where it sits when $T_q < T_k$",
