@@ -53,6 +53,7 @@ from course_attn import (
     pick_device,
     positions_from_attention_mask,
     residual_stream_rms,
+    stream_gradient_norm,
     scaled_dot_product_attention,
     seed_everything,
     simple_self_attention,
@@ -396,6 +397,9 @@ case("block_gradient_norms", "final_norm", TypeError,
 case("residual_stream_rms", "norm_first", TypeError,
      lambda: residual_stream_rms(1, norm_first="pre"))
 case("residual_stream_rms", "n_layers", ValueError, lambda: residual_stream_rms(0))
+case("stream_gradient_norm", "n_layers", ValueError, lambda: stream_gradient_norm(0))
+case("stream_gradient_norm", "final_norm", TypeError,
+     lambda: stream_gradient_norm(1, final_norm="no"))
 case("decode_step_seconds", "model", TypeError, lambda: decode_step_seconds(GPT, 2,
                                                                              use_cache=True))
 case("decode_step_seconds", "prefix_len", ValueError,
