@@ -34,8 +34,8 @@ from course_attn import (
     padding_mask,
     positions_from_attention_mask,
     residual_stream_rms,
-    stream_gradient_norm,
     sinusoidal_table,
+    stream_gradient_norm,
     to_torch_mha_mask,
 )
 
