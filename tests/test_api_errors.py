@@ -59,6 +59,7 @@ from course_attn import (
     sinusoidal_table,
     softmax,
     split_heads,
+    stream_gradient_norm,
     tiled_attention,
     to_additive_mask,
     to_torch_mha_mask,
@@ -396,6 +397,9 @@ case("block_gradient_norms", "final_norm", TypeError,
 case("residual_stream_rms", "norm_first", TypeError,
      lambda: residual_stream_rms(1, norm_first="pre"))
 case("residual_stream_rms", "n_layers", ValueError, lambda: residual_stream_rms(0))
+case("stream_gradient_norm", "n_layers", ValueError, lambda: stream_gradient_norm(0))
+case("stream_gradient_norm", "final_norm", TypeError,
+     lambda: stream_gradient_norm(1, final_norm="no"))
 case("decode_step_seconds", "model", TypeError, lambda: decode_step_seconds(GPT, 2,
                                                                              use_cache=True))
 case("decode_step_seconds", "prefix_len", ValueError,

@@ -35,6 +35,7 @@ from course_attn import (
     positions_from_attention_mask,
     residual_stream_rms,
     sinusoidal_table,
+    stream_gradient_norm,
     to_torch_mha_mask,
 )
 
@@ -353,6 +354,29 @@ def test_residual_stream_rms_follows_the_stack_of_block_gradient_norms():
     assert_close(post[1:], torch.ones(3), atol=1e-3, rtol=0)  # each block ends in a norm
 
 
+@pytest.mark.parametrize("final_norm", [True, False])
+def test_stream_gradient_norm_is_the_gradient_at_the_top_of_the_stack(final_norm):
+    """Chapter 7: dL/dx for the stream after the last block, with and without the final norm."""
+    state = torch.random.get_rng_state()
+    got = stream_gradient_norm(2, final_norm=final_norm, d_model=8, n_heads=2, batch_size=2,
+                               seq_len=3, seed=4)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's RNG is untouched
+    assert got.shape == () and not got.requires_grad
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(4)
+        blocks = [TransformerBlock(8, 2, norm_first=True) for _ in range(2)]
+    g = torch.Generator().manual_seed(4)
+    x, target = torch.randn(2, 3, 8, generator=g), torch.randn(2, 3, 8, generator=g)
+    top = blocks[1](blocks[0](x))
+    out = nn.LayerNorm(8)(top) if final_norm else top
+    (grad,) = torch.autograd.grad((out - target).pow(2).mean(), top)
+    assert_close(got, grad.norm())
+    if final_norm:  # the norm divides by each position's size: a bigger stream, less gradient
+        bigger = 3 * top.detach().requires_grad_(True)
+        (grad3,) = torch.autograd.grad((nn.LayerNorm(8)(bigger) - target).pow(2).mean(), bigger)
+        assert_close(grad3.norm(), grad.norm() / 3)
+
+
 # --- bad input -----------------------------------------------------------------------------
 
 
@@ -500,9 +524,10 @@ def test_feed_forward_names_a_dtype_mismatch_except_under_autocast():
         lambda flag: block_gradient_norms(1, norm_first=flag),
         lambda flag: block_gradient_norms(1, norm_first=True, final_norm=flag),
         lambda flag: residual_stream_rms(1, norm_first=flag),
+        lambda flag: stream_gradient_norm(1, final_norm=flag),
     ],
     ids=["FeedForward", "TransformerBlock", "block_gradient_norms", "final_norm",
-         "residual_stream_rms"],
+         "residual_stream_rms", "stream_gradient_norm"],
 )
 def test_bool_flags_refuse_truthy_strings(build):
     """bias="no" used to build layers *with* a bias; every flag now wants a real bool."""

@@ -69,6 +69,7 @@ from .lab.experiments import (
     cross_cache_step_ms,
     decode_step_seconds,
     residual_stream_rms,
+    stream_gradient_norm,
 )
 from .lab.glue import glue
 from .lab.hbm_traffic import HBM_ALGORITHMS, HBMTraffic, flash_block_sizes, hbm_traffic
@@ -147,6 +148,7 @@ __all__ = [
     "cross_cache_step_ms",
     "decode_step_seconds",
     "residual_stream_rms",
+    "stream_gradient_norm",
     "new_caches",
     "positions_from_attention_mask",
     "pick_device",

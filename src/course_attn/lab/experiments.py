@@ -1,8 +1,9 @@
 """Experiments: gradients through deep stacks (chapter 7), the cost of decoding (chapter 8).
 
 :func:`block_gradient_norms` compares pre-norm and post-norm stacks at
-initialisation (with or without a final norm) and :func:`residual_stream_rms` follows
-the size of a stack's residual stream; :func:`decode_step_seconds` times one decoding
+initialisation (with or without a final norm), :func:`residual_stream_rms` follows
+the size of a stack's residual stream and :func:`stream_gradient_norm` the gradient that
+enters the stack at its top; :func:`decode_step_seconds` times one decoding
 step with and without the KV cache, and :func:`cross_cache_step_ms` times a cached step against
 the source length, with and without the static cross-attention cache. They
 measure the models; they are not part of them.
@@ -22,7 +23,7 @@ from ..core.layers import TransformerBlock
 from ..models.encoder_decoder import EncoderDecoder
 
 __all__ = ["block_gradient_norms", "cross_cache_step_ms", "decode_step_seconds",
-           "residual_stream_rms"]
+           "residual_stream_rms", "stream_gradient_norm"]
 
 
 def block_gradient_norms(n_layers: int, *, norm_first: bool, d_model: int = 64, n_heads: int = 4,
@@ -77,6 +78,33 @@ def residual_stream_rms(n_layers: int, *, norm_first: bool = True, d_model: int 
             x = block(x)  # (B, T, D)
             sizes.append(x.pow(2).mean().sqrt())
     return torch.stack(sizes)  # (n_layers + 1,)
+
+
+def stream_gradient_norm(n_layers: int, *, norm_first: bool = True, d_model: int = 64,
+                         n_heads: int = 4, batch_size: int = 8, seq_len: int = 16,
+                         seed: int = 0, final_norm: bool | None = None) -> Tensor:
+    """Norm of the loss's gradient with respect to the stream after the last block (Chapter 7).
+
+    The stack, the inputs, the loss and ``final_norm`` are those of
+    :func:`block_gradient_norms`. Returns a 0-dim tensor: the L2 norm of
+    ``dL/dx`` for the ``(batch_size, seq_len, d_model)`` stream ``x`` that the last block
+    writes, the gradient every block's weights receive through the residual path. A
+    final LayerNorm divides it by the size of each position's vector; without one, the
+    mean squared error is taken on the raw stream.
+    """
+    blocks, x, target = _stack_and_data(n_layers, norm_first, d_model, n_heads, batch_size,
+                                        seq_len, seed)
+    if final_norm is None:
+        final_norm = norm_first
+    check_bool(final_norm, "final_norm")
+    output_norm = nn.LayerNorm(d_model) if final_norm else nn.Identity()
+    with torch.no_grad():
+        for block in blocks:
+            x = block(x)  # (B, T, D)
+    top = x.requires_grad_(True)  # (B, T, D), a leaf: the stream after the last block
+    (output_norm(top) - target).pow(2).mean().backward()
+    assert top.grad is not None
+    return top.grad.norm().detach()
 
 
 def _stack_and_data(n_layers: int, norm_first: bool, d_model: int, n_heads: int,

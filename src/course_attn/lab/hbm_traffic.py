@@ -8,8 +8,9 @@ elements each algorithm reads from HBM and writes to it, for one head, following
 algorithms as the papers write them:
 
 * ``"standard"``: Dao et al. 2022, Algorithm 0. Read Q and K, write S = QK^T; read S, write
-  P = softmax(S); read P and V, write O. A causal mask is applied to S in place, so the
-  whole matrices still travel.
+  P = softmax(S); read P and V, write O. A causal mask is applied as S is written (no pass
+  of its own, the cheapest standard path), so the whole matrices still travel and nothing
+  more is counted; masking S in a separate pass would add 2n^2.
 * ``"flash1"``: FlashAttention, Dao et al. 2022, Algorithm 1 (forward). O, the running sums
   l and the running maxima m start in HBM (written once); the outer loop runs over blocks of
   keys and values, each read once; the inner loop over blocks of queries reads Q_i, O_i,
@@ -49,7 +50,10 @@ class HBMTraffic:
         return self.reads + self.writes
 
     def bytes(self, element_bytes: int = 2) -> int:
-        """The traffic in bytes, for elements of ``element_bytes`` (2 for bfloat16)."""
+        """The traffic in bytes, for elements of ``element_bytes`` (2 for bfloat16).
+
+        Every element is billed at ``element_bytes``, the float32 statistics (l, m, L) too.
+        """
         return self.total * check_positive_int(element_bytes, "element_bytes")
 
 
