@@ -14,11 +14,13 @@ the Chinese glyphs without a CJK font (Debian: fonts-noto-cjk).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
 import struct
 import unicodedata
+from html import unescape
 from pathlib import Path
 
 import pdf_text
@@ -127,6 +129,7 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
     narrow = [reports[f"{doc}@{sc.NARROW}"] for doc in PAGES]
     svg = [r for r in pages + narrow if r.smallest_svg_text_px is not None]
     sizes = {name: sc.tree_size(site / "_static" / name) for name in ("mathjax",)}
+    pdf = _pdf_counts()
     summary = {
         "pages": len(pages),
         "chapter_pages": len(CHAPTERS),
@@ -154,6 +157,7 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
         "chinese_characters_checked": reports[GLOSSARY].cjk_chars if GLOSSARY in reports
         else 0,
         "search_results": {q: s["results"] for q, s in searches.items()},
+        "pdf": pdf,
     }
     (sc.ROOT / "_build" / "site_report.json").write_text(json.dumps(
         {"summary": summary, "pages": {doc: vars(r) for doc, r in reports.items()}}, indent=1))
@@ -178,6 +182,9 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
                                     for k, width in (("a", sc.WIDE), ("b", sc.NARROW))}),
         f"local assets in _build/html/_static: MathJax {sizes['mathjax'] / 1e6:.1f} MB "
         f"(whole site {summary['site_bytes'] / 1e6:.1f} MB); details in _build/site_report.json",
+        "PDF: not built (make pdf)" if pdf is None else
+        f"PDF: {pdf['pages']} pages, {pdf['blank']} blank; {pdf['bookmarks']} bookmarks, "
+        f"{pdf['doubled']} written twice, {pdf['bad']} not a heading's text",
     ]
     return reports
 
@@ -484,11 +491,111 @@ def _chapter_titles() -> list[str]:
     return titles
 
 
+@functools.cache
+def _read_book_pdf() -> pdf_text.Pdf | None:
+    return pdf_text.read(BOOK_PDF) if BOOK_PDF.is_file() else None
+
+
 @pytest.fixture(scope="module")
 def book_pdf() -> pdf_text.Pdf:
-    if not BOOK_PDF.is_file():
+    pdf = _read_book_pdf()
+    if pdf is None:
         pytest.skip(f"no {BOOK_PDF.relative_to(sc.ROOT)}: run `make pdf` to build and check it")
-    return pdf_text.read(BOOK_PDF)
+    return pdf
+
+
+# Headings tools/print_pdf.py adds to the printed page (each chapter's solutions).
+_PRINTED_HEADINGS = [r"Solutions to the exercises of chapter \d+", "Solutions"]
+_HEADING = re.compile(r"<(h[1-6])\b[^>]*>(.*?)</\1>|<p\b[^>]*role=\"heading\"[^>]*>(.*?)</p>",
+                      re.S)
+_MATH = "\x00"  # where a heading has a formula
+
+
+def heading_patterns(html: str) -> list[re.Pattern]:
+    """What a bookmark may read, one pattern per heading of the single-page HTML (and each
+    caption the theme marks role="heading"): its text without the "#" link, runs of spaces
+    as one, a formula as any text of its own (its plain text, "T_q < T_k")."""
+    patterns = [re.compile(p) for p in _PRINTED_HEADINGS]
+    for found in _HEADING.finditer(html):
+        inner = found.group(2) if found.group(2) is not None else found.group(3)
+        inner = re.sub(r'<a class="headerlink".*?</a>', "", inner, flags=re.S)
+        inner = re.sub(r'<span class="math[^"]*">.*?</span>', _MATH, inner, flags=re.S)
+        text = " ".join(unescape(re.sub(r"<[^>]+>", "", inner)).split())
+        if text:
+            patterns.append(re.compile(r"\s*".join(
+                r"\S.*?" if part == _MATH else re.escape(part).replace(r"\ ", r"\s")
+                for part in re.split(f"({_MATH})", text) if part)))
+    return patterns
+
+
+def doubled_titles(outline: list[str]) -> list[str]:
+    """Bookmarks whose title starts with a run of text written twice ("GPUsGPUs")."""
+    return [t for t in outline if re.match(r"\s*(.{3,}?)\1", t)]
+
+
+def bad_bookmarks(outline: list[str], patterns: list[re.Pattern]) -> list[str]:
+    """Bookmarks that are no heading's text: a title written twice, words run together where
+    it wrapped ("Scaled dot-productattention"), a formula missing ("train at , test at ")."""
+    return [t for t in outline
+            if not any(p.fullmatch(" ".join(t.split())) for p in patterns)]
+
+
+def _pdf_counts() -> dict[str, int] | None:
+    """For the summary line: pages, blank pages, bookmarks, doubled and bad titles."""
+    pdf = _read_book_pdf()
+    if pdf is None:
+        return None
+    html = SINGLEHTML / "book" / "intro.html"
+    patterns = heading_patterns(html.read_text(encoding="utf-8")) if html.is_file() else []
+    return {"pages": len(pdf.pages), "blank": sum(page.blank for page in pdf.pages),
+            "bookmarks": len(pdf.outline), "doubled": len(doubled_titles(pdf.outline)),
+            "bad": len(bad_bookmarks(pdf.outline, patterns)) if patterns else -1}
+
+
+def test_pdf_has_no_blank_pages(book_pdf):
+    """Issue 44: no page is blank but for its footer (there were 4 of 428: after chapter 7's
+    last solution, and before each of three figures taller than a page)."""
+    blank = [page.number for page in book_pdf.pages if page.blank]
+    assert not blank, (f"{len(blank)} of {len(book_pdf.pages)} pages of {BOOK_PDF.name} are "
+                       f"blank but for the footer: pages {blank}")
+
+
+def test_pdf_bookmarks_are_the_headings(book_pdf):
+    """Issue 44: each bookmark reads as its heading does: not twice ("GPUsGPUs": 41 of 222
+    titles), with the space where the heading wrapped ("Scaled dot-productattention") and
+    the text of its formulas."""
+    html = SINGLEHTML / "book" / "intro.html"
+    if not html.is_file():
+        pytest.skip(f"no {html.relative_to(sc.ROOT)} (make pdf writes it)")
+    patterns = heading_patterns(html.read_text(encoding="utf-8"))
+    assert len(book_pdf.outline) >= 10 * len(CHAPTERS), (
+        f"only {len(book_pdf.outline)} bookmarks in {BOOK_PDF.name}")
+    doubled = doubled_titles(book_pdf.outline)
+    assert not doubled, f"{len(doubled)} bookmarks written twice: {doubled[:10]}"
+    bad = bad_bookmarks(book_pdf.outline, patterns)
+    assert not bad, (f"{len(bad)} of {len(book_pdf.outline)} bookmarks are no heading's text: "
+                     f"{bad[:10]}")
+
+
+def test_bookmark_checks_catch_what_the_pdf_had():
+    """The two checks above fail on the faults issue 44 found in the PDF."""
+    html = ('<h2>GPUs<a class="headerlink" href="#gpus">#</a></h2>'
+            "<h1>Chapter 4: Scaled dot-product attention</h1>"
+            '<h2>10.7 Length extrapolation: train at <span class="math notranslate '
+            'nohighlight">\\(T\\)</span>, test at <span class="math notranslate nohighlight">'
+            "\\(2T\\)</span></h2>")
+    patterns = heading_patterns(html)
+    good = ["GPUs", "Chapter 4: Scaled dot-product attention",
+            "10.7 Length extrapolation: train at T, test at 2T", "Solutions"]
+    faulty = ["GPUsGPUs", "Chapter 4: Scaled dot-productattention",
+              "10.7 Length extrapolation: train at , test at "]
+    assert bad_bookmarks(good, patterns) == []
+    assert bad_bookmarks(faulty, patterns) == faulty
+    assert doubled_titles([*good, *faulty]) == ["GPUsGPUs"]
+    footer_only = pdf_text.Page(206, {"DejaVuSans": "206 / 428"})
+    assert footer_only.blank
+    assert not pdf_text.Page(207, {"DejaVuSans": "206 / 428", "F": "Chapter 8"}).blank
+    assert not pdf_text.Page(208, {"DejaVuSans": "208 / 428"}, xobjects=1).blank
 
 
 def test_pdf_has_every_chapter(book_pdf):
