@@ -386,6 +386,9 @@ _COLLECT = """() => {
         .filter(o => o.textContent.trim() || o.querySelector('img, svg, .widget-subarea')).length,
     output_images: document.querySelectorAll('.cell_output img').length,
     icon: (document.querySelector('link[rel~="icon"]') || {}).href || null,
+    // Font Awesome icons the icon script did not draw (it turns each <i> into an <svg>)
+    undrawn_icons: Array.from(document.querySelectorAll('i[class*="fa-"]'))
+        .map(i => i.className),
     book_pdf: (document.querySelector('a.course-book-pdf') || {}).href || null,
   };
 }"""
@@ -975,6 +978,8 @@ def check_page(context, base_url: str, page_path: str, *, chapter: bool = False,
                 _check_figure(src, image, report)
         _check_links(info["links"], base_url, report, cache)
         _check_icon(info["icon"], base_url, report, cache)
+        report.other += [f"icon not drawn (no such icon in the icon script): {name}"
+                         for name in info["undrawn_icons"]]
         report.book_pdf_link = info["book_pdf"]
         _wait_quiet(page, pending, report)
         if screenshot is not None:

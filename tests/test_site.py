@@ -315,6 +315,25 @@ def test_no_page_loads_a_widget_script(site):
     assert not {doc: urls for doc, urls in loaded.items() if urls}, loaded
 
 
+def test_icon_script_holds_the_icons_the_pages_use(site):
+    """Issue 44, item 7: every page loads the icon script; it holds the icons the pages name
+    (tools/course_site.py writes it), not Font Awesome's whole set (1.49 MB)."""
+    script = site / "_static" / "scripts" / "fontawesome.js"
+    assert script.is_file(), f"no {script.relative_to(site)}"
+    text = script.read_text(encoding="utf-8")
+    assert len(text) < 30_000, f"{script.name} is {len(text):,} bytes: the whole icon set?"
+    found = re.search(r"var ICONS = (\{.*?\});\n", text)
+    assert found, f"{script.name} is not the course's icon subset (no ICONS table)"
+    held = {name for pack in json.loads(found.group(1)).values() for name in pack}
+    modifiers = {"solid", "regular", "brands", "lg"}
+    used = {name for doc in PAGES if (site / f"{doc}.html").is_file()
+            for attr in re.findall(r'class="([^"]*)"', (site / f"{doc}.html").read_text(
+                encoding="utf-8"))
+            for name in re.findall(r"\bfa-([a-z0-9-]+)", attr)} - modifiers
+    assert len(used) >= 10, f"only {len(used)} icons named on the pages: {sorted(used)}"
+    assert used <= held, f"icons the pages name that the script lacks: {sorted(used - held)}"
+
+
 def test_pages_load_nothing_from_other_hosts(site):
     """Static twin of the offline browser check, with a clearer message: which page
     references which remote script, style or image (e.g. a build without npm)."""

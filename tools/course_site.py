@@ -35,6 +35,10 @@
    (``tools/print_pdf.py``). When it exists, the html builder copies it into the site
    (``course_attn.pdf`` at the root) and every page's download menu gets an entry for it
    (course.js, from ``window.COURSE_BOOK_PDF``); without it, neither (no dead link).
+10. Lighter pages (issue 44): every page loaded the theme's icon script, Font Awesome's
+    whole set (1.49 MB) for the 18 icons the site shows; :func:`_icon_subset` writes, in its
+    place, a script of the icons the built pages name (a few kB), which draws them the same
+    way (an ``<i class="fa-solid fa-sun">`` becomes that icon's ``<svg>``).
 9. Figures and equations are numbered by chapter, as in print: the second numbered figure
     of chapter 4 is "Figure 4.2" and its third numbered equation "(4.3)". Sphinx numbers
     them by section number, which needs a numbered table of contents; the chapters number
@@ -240,12 +244,146 @@ def _copy_book_pdf(app: Sphinx, exception: Exception | None) -> None:
         logger.info("course_site: %s copied into the site", BOOK_PDF)
 
 
+ICON_SCRIPT = Path("_static") / "scripts" / "fontawesome.js"  # the theme's, every page
+# Font Awesome's packs in that script: `var p={name:[width,height,[aliases],"unicode",path],
+# ...}` then `d("fab",p)`; brands, regular and solid, in that order.
+_ICON_PACK = re.compile(r'var p=\{(.*?)\};?\s*[^;]*?\bd\("(fa[bsr])",p\)', re.S)
+_ICON = re.compile(r'(?:"([\w-]+)"|([\w$]+)):\[(\d+),(\d+),\[([^\]]*)\],"[0-9a-f]+",'
+                   r'("(?:[^"\\]|\\.)*"|\[[^\]]*\])\]')
+_ICON_CLASS = re.compile(r"\bfa-([a-z0-9]+(?:-[a-z0-9]+)*)\b")
+
+ICON_JS = """/*! The icons these pages show, from
+ * Font Awesome Free 6 by @fontawesome - https://fontawesome.com
+ * License - https://fontawesome.com/license/free
+ *   (Icons: CC BY 4.0, Fonts: SIL OFL 1.1, Code: MIT License)
+ * Copyright 2024 Fonticons, Inc.
+ * Written by tools/course_site.py in place of the theme's whole set (1.49 MB): each
+ * <i class="fa-solid fa-NAME"> becomes the icon's <svg>, as Font Awesome's own script does.
+ */
+(function () {
+  "use strict";
+  var ICONS = %(icons)s;
+  var PREFIX = {fab: "fab", "fa-brands": "fab", far: "far", "fa-regular": "far"};
+  var css = document.createElement("style");
+  css.textContent = "svg:not(:host).svg-inline--fa,svg:not(:root).svg-inline--fa{" +
+    "overflow:visible;box-sizing:content-box}.svg-inline--fa{display:var(--fa-display," +
+    "inline-block);height:1em;overflow:visible;vertical-align:-.125em}" +
+    ".svg-inline--fa.fa-lg{vertical-align:-.2em}";
+  document.head.appendChild(css);
+  function draw(el) {
+    var prefix = "fas", name = null, classes = Array.prototype.slice.call(el.classList);
+    classes.forEach(function (c) { if (PREFIX[c]) prefix = PREFIX[c]; });
+    var pack = ICONS[prefix] || {};
+    classes.forEach(function (c) {
+      if (!name && c.indexOf("fa-") === 0 && pack[c.slice(3)]) name = c.slice(3);
+    });
+    if (!name) return;
+    var icon = pack[name], ns = "http://www.w3.org/2000/svg";
+    var svg = document.createElementNS(ns, "svg"), path = document.createElementNS(ns, "path");
+    Array.prototype.forEach.call(el.attributes, function (a) {
+      if (a.name !== "class") svg.setAttribute(a.name, a.value);
+    });
+    svg.setAttribute("class", ["svg-inline--fa", "fa-" + name].concat(classes.filter(
+      function (c) { return c !== "fa-" + name && !PREFIX[c] && c !== "fas" &&
+                            c !== "fa-solid"; })).join(" "));
+    svg.setAttribute("aria-hidden", "true");
+    svg.setAttribute("focusable", "false");
+    svg.setAttribute("data-prefix", prefix);
+    svg.setAttribute("data-icon", name);
+    svg.setAttribute("role", "img");
+    svg.setAttribute("viewBox", "0 0 " + icon[0] + " " + icon[1]);
+    path.setAttribute("fill", "currentColor");
+    path.setAttribute("d", icon[2]);
+    svg.appendChild(path);
+    el.replaceWith(svg);
+  }
+  function drawAll(root) {
+    if (root.matches && root.matches('i[class*="fa-"]')) draw(root);
+    else if (root.querySelectorAll) root.querySelectorAll('i[class*="fa-"]').forEach(draw);
+  }
+  function start() {
+    drawAll(document);
+    new MutationObserver(function (changes) {  // icons added later (course.js's book .pdf)
+      changes.forEach(function (c) { c.addedNodes.forEach(drawAll); });
+    }).observe(document.documentElement, {childList: true, subtree: true});
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();
+"""
+
+
+def _theme_icon_script() -> Path:
+    import pydata_sphinx_theme
+
+    return (Path(pydata_sphinx_theme.__file__).parent / "theme" / "pydata_sphinx_theme"
+            / "static" / "scripts" / "fontawesome.js")
+
+
+def icon_packs(script: str) -> dict[str, dict[str, tuple[int, int, str]]]:
+    """Font Awesome's script -> {"fab"|"far"|"fas": {name or alias: (width, height, path)}}
+    (a duotone icon's two paths are joined into one)."""
+    packs: dict[str, dict[str, tuple[int, int, str]]] = {}
+    for pack, prefix in _ICON_PACK.findall(script):
+        icons = packs.setdefault(prefix, {})
+        for quoted, bare, width, height, aliases, path in _ICON.findall(pack):
+            paths = json.loads(path)
+            shape = (int(width), int(height), " ".join(paths) if isinstance(paths, list)
+                     else paths)
+            icons[quoted or bare] = shape
+            for alias in re.findall(r'"([\w-]+)"', aliases):
+                icons.setdefault(alias, shape)
+    return packs
+
+
+def _icon_subset(app: Sphinx, exception: Exception | None) -> None:
+    """Replace the site's copy of the theme's icon script with one that holds only the icons
+    its pages and scripts name (``fa-NAME``); a name no pack has is a warning (-W: an
+    error), so an icon the theme or a page adds later is not silently left out."""
+    out = Path(app.outdir)
+    target = out / ICON_SCRIPT
+    if exception is not None or not target.is_file():
+        return
+    packs = icon_packs(_theme_icon_script().read_text(encoding="utf-8"))
+    if {"fab", "far", "fas"} - set(packs) or len(packs["fas"]) < 1000:
+        logger.warning("course_site: the theme's icon script has changed (packs %s); its "
+                       "icons are left as they are", sorted(packs))
+        return
+    named: set[str] = set()
+    prefixes = {"fas"}  # the default
+    for file in [*out.rglob("*.html"), *(out / "_static").glob("*.js"),
+                 *(out / "_static" / "scripts").glob("*.js")]:
+        if file.name != ICON_SCRIPT.name:
+            text = file.read_text(encoding="utf-8", errors="replace")
+            if file.suffix == ".html":  # class names only (prose says "so far")
+                text = " ".join(re.findall(r'class="([^"]*)"', text))
+            named.update(_ICON_CLASS.findall(text))
+            prefixes.update(prefix for prefix, style in [("fab", "brands"), ("far", "regular")]
+                            if re.search(rf"(?<![\w-]){prefix}(?![\w-])|fa-{style}\b", text))
+    # style and size classes, and names of the icon packs themselves, are no icons
+    modifiers = {"solid", "regular", "brands", "lg", "xs", "sm", "xl", "2x", "fw", "spin"}
+    chosen = {prefix: {n: icons[n] for n in sorted(named) if n in icons}
+              for prefix, icons in packs.items() if prefix in prefixes}
+    unknown = sorted(n for n in named - modifiers if not any(n in c for c in chosen.values()))
+    if unknown:
+        logger.warning("course_site: icons named on the site that Font Awesome lacks: %s",
+                       unknown)
+    icons = {prefix: {n: [*shape] for n, shape in found.items()}
+             for prefix, found in chosen.items() if found}
+    target.write_text(ICON_JS % {"icons": json.dumps(icons, separators=(",", ":"))},
+                      encoding="utf-8")
+    (out / ICON_SCRIPT).with_suffix(".js.map").unlink(missing_ok=True)  # maps the old one
+    logger.info("course_site: %s holds %d icons (%d bytes)", ICON_SCRIPT,
+                sum(map(len, icons.values())), target.stat().st_size)
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _course_static)
     app.connect("config-inited", _search_scorer)
     app.connect("doctree-resolved", _teaching_entries)
     app.connect("html-page-context", _book_pdf_link)
     app.connect("build-finished", _copy_book_pdf)
+    app.connect("build-finished", _icon_subset)
     app.connect("env-get-updated", _number_by_chapter, priority=900)
     app.add_css_file("course.css")
     app.add_js_file("course.js", loading_method="defer")
