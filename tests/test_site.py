@@ -149,6 +149,13 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
         "display_formula_hidden_px": {width: max(r.display_hidden_px.get(width, 0)
                                                  for r in pages + narrow)
                                       for width in (sc.WIDE, sc.NARROW)},
+        "figures": {width: {"measured": sum(r.figures_measured.get(width, 0)
+                                            for r in pages + narrow),
+                            "scrolling": sum(r.scrolling.get(width, {}).get("figure", 0)
+                                             for r in pages + narrow),
+                            "clipped": sum(r.figures_clipped.get(width, 0)
+                                           for r in pages + narrow)}
+                    for width in (sc.WIDE, sc.NARROW)},
         "tables": sum(r.tables_measured for r in narrow),
         "svg_texts": sum(r.svg_texts for r in pages + narrow),
         "smallest_svg_text_px": {
@@ -180,6 +187,9 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
             t=summary["tables"], **{k: ", ".join(f"{v} {kind}" for kind, v in
                                                  summary["scrolling_boxes"][width].items())
                                     for k, width in (("a", sc.WIDE), ("b", sc.NARROW))}),
+        "figures and widget figures: " + "; ".join(
+            f"at {width} px {f['measured']} measured, {f['scrolling']} boxes scrolling, "
+            f"{f['clipped']} clipped" for width, f in summary["figures"].items()),
         f"local assets in _build/html/_static: MathJax {sizes['mathjax'] / 1e6:.1f} MB "
         f"(whole site {summary['site_bytes'] / 1e6:.1f} MB); details in _build/site_report.json",
         "PDF: not built (make pdf)" if pdf is None else
@@ -202,7 +212,8 @@ def test_page_renders_offline(crawl, doc):
 @pytest.mark.parametrize("doc", PAGES)
 def test_page_fits_a_phone(crawl, doc):
     """At 400 px: the page is no wider than the window, every formula is whole or scrolls in
-    its own box, tables fit, SVG text is at least 11 px."""
+    its own box, every figure (a widget's too) is whole, in no box that scrolls or cuts it,
+    tables fit, SVG text is at least 11 px."""
     report = crawl[f"{doc}@{sc.NARROW}"]
     failures = report.failures()
     assert not failures, f"{len(failures)} problem(s):\n" + "\n".join(failures)
@@ -457,6 +468,14 @@ _LAYOUT_INJECTED = {
     '<div class="pst-scrollable-table-container"><table class="table"><tr><td>'
     + "Pneumonoultramicroscopicsilicovolcanoconiosis" * 2 + '</td></tr></table></div>':
         "table wider than its column",
+    # issue 44: a figure wider than its box, which scrolls; a widget's figure shifted 16 px
+    # left in the box of its output, which scrolls what is wider and cuts the rest
+    '<div class="cell_output"><div style="overflow-x: auto; width: 200px"><img alt="a wide '
+    'figure" src="tiny_text.svg" width="600" height="40"></div></div>': "figure box scrolls",
+    '<div class="cell_output"><div class="output" style="overflow-x: auto"><div '
+    'class="course-widget-frames"><img alt="a shifted figure" src="tiny_text.svg" '
+    'style="margin-left: -16px" width="200" height="40"></div></div></div>':
+        "px cut by its box (div.output, which scrolls)",
 }
 _PHONE_ONLY = {"without a fade"}  # at 1280 px that code block is "cut by" (checked above)
 _NO_FONT_HAS = "\U00030000\U00030001\U00030002"
@@ -475,7 +494,8 @@ def test_checker_reports_layout_text_and_solution_problems(broken):
             + "\n".join(failures))
     narrow_failures = narrow.failures()
     for needle in ["px wide: div", "formula cut off", "is 6.0 px", "inline formula scrolls",
-                   "without a fade", "table wider than its column"]:
+                   "without a fade", "table wider than its column", "figure box scrolls",
+                   "px cut by its box (div.output, which scrolls)"]:
         assert any(needle in line and f"at {sc.NARROW} px" in line
                    for line in narrow_failures), (
             f"the checker did not report {needle!r} at {sc.NARROW} px; it reported:\n"

@@ -8,16 +8,18 @@
    locally by the ``sphinx-mathjax-offline`` extension.
 2. Every figure a cell outputs opens at full size when clicked (a link to the image file,
    added when the page loads): the column shows figures at most 700 px wide. The figures
-   of a widget are data, not files, and stay unlinked.
+   of a widget stay unlinked (the widget shows them in turn).
 3. Exact duplicate inline scripts are dropped: under Sphinx 7 the inline ``<script>`` bodies
    that extensions add while reading (sphinx-thebe's ``const THEBE_JS_URL ...``) are
    written twice, and the second ``const`` is a SyntaxError in the console of every page.
+   So is the widgets' saved state that myst-nb writes into each chapter for the ipywidgets
+   manager, which the site does not load.
 4. ``tools/static/course.css`` and ``course.js``: pages that fit a phone and a laptop. A
-   formula a little too wide is drawn smaller; what still does not fit (code, long formulas,
-   figures on a phone) scrolls inside its own box, whose hidden side fades out; inline
-   formulas are no scroll boxes (no scroll bar under each where scroll bars show); tables fit
-   a phone; figures are shown large enough for 12 px text (11 px on a phone); long inline
-   code breaks, and the page itself is never wider than the screen (``tests/site_check.py``
+   formula a little too wide is drawn smaller; what still does not fit (code, long formulas)
+   scrolls inside its own box, whose hidden side fades out; inline formulas are no scroll
+   boxes (no scroll bar under each where scroll bars show); tables fit a phone; figures are
+   shown large enough for 12 px text (11 px on a phone) but never wider than the column (the
+   screen on a phone), so that no figure scrolls or is cut; long inline code breaks, and the page itself is never wider than the screen (``tests/site_check.py``
    measures every page at 400 px and 1280 px).
 5. Exercise solutions (code cells tagged ``hide-input``, with ``hide-output`` or as
    ``hide-cell``) fold behind one toggle titled "Solution" instead of myst-nb's "Show code
@@ -35,10 +37,6 @@
    (``tools/print_pdf.py``). When it exists, the html builder copies it into the site
    (``course_attn.pdf`` at the root) and every page's download menu gets an entry for it
    (course.js, from ``window.COURSE_BOOK_PDF``); without it, neither (no dead link).
-10. Lighter pages (issue 44): every page loaded the theme's icon script, Font Awesome's
-    whole set (1.49 MB) for the 18 icons the site shows; :func:`_icon_subset` writes, in its
-    place, a script of the icons the built pages name (a few kB), which draws them the same
-    way (an ``<i class="fa-solid fa-sun">`` becomes that icon's ``<svg>``).
 9. Figures and equations are numbered by chapter, as in print: the second numbered figure
     of chapter 4 is "Figure 4.2" and its third numbered equation "(4.3)". Sphinx numbers
     them by section number, which needs a numbered table of contents; the chapters number
@@ -47,13 +45,27 @@
     :func:`_number_by_chapter` puts the chapter's number (from the notebook's file name,
     ``notebooks/04_...``) in front and counts each chapter from 1 (``numfig_format`` in
     ``_config.yml`` spells "Figure %s").
+10. Lighter pages (issue 44): every page loaded the theme's icon script, Font Awesome's
+    whole set (1.49 MB) for the 18 icons the site shows; :func:`_icon_subset` writes, in its
+    place, a script of the icons the built pages name (a few kB), which draws them the same
+    way (an ``<i class="fa-solid fa-sun">`` becomes that icon's ``<svg>``).
+11. Lighter pages (issue 44): a widget's figures drawn ahead are saved in the notebook as
+    data URLs (up to 72 per widget), which made chapters 9 to 11's HTML 1.3 to 1.4 MB.
+    :func:`_widget_frame_files` writes each as a file of the site (``_images/widgets/``,
+    named by its content) and the page refers to it: the figure shown first loads when the
+    widget comes near the screen (``loading="lazy"``), the others when the reader reaches
+    for a control (``data-src``, course.js). Each keeps its size (``width``, ``height``), so
+    the page does not move as it loads.
 """
 
 from __future__ import annotations
 
+import hashlib
+import html
 import json
 import re
 import shutil
+import urllib.parse
 from pathlib import Path
 
 from docutils import nodes
@@ -124,11 +136,16 @@ def _figure_links(app: Sphinx, pagename: str, templatename: str, context: dict,
         app.add_js_file(None, body=FIGURE_LINKS)
 
 
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
 def _drop_duplicate_inline_scripts(app: Sphinx, pagename: str, templatename: str,
                                    context: dict, doctree: object) -> None:
     seen: set[tuple] = set()
     unique = []
     for script in context.get("script_files", []):
+        if getattr(script, "attributes", {}).get("type") == WIDGET_STATE:
+            continue  # the saved widget state (34 kB in chapter 9): no script here reads it
         attributes = tuple(sorted(getattr(script, "attributes", {}).items()))
         key = (getattr(script, "filename", script) or "", attributes)
         if key not in seen:
@@ -242,6 +259,39 @@ def _copy_book_pdf(app: Sphinx, exception: Exception | None) -> None:
     if exception is None and pdf is not None:
         shutil.copyfile(pdf, Path(app.outdir) / BOOK_PDF.name)
         logger.info("course_site: %s copied into the site", BOOK_PDF)
+
+
+WIDGET_FRAMES = Path("_images") / "widgets"
+_FRAME = re.compile(r'<img class="course-widget-frame"([^>]*?) src="data:image/svg\+xml,'
+                    r'([^"]*)">')
+_SVG_SIZE = re.compile(r'<svg\b[^>]*?\bwidth="([\d.]+)pt"[^>]*?\bheight="([\d.]+)pt"')
+
+
+def _widget_frame_files(app: Sphinx, pagename: str, templatename: str, context: dict,
+                        doctree: object) -> None:
+    """A widget's figures (data URLs in the page, site_frames.py) become files of the site:
+    the shown one with ``loading="lazy"``, the hidden ones with ``data-src`` for course.js."""
+    body = context.get("body", "")
+    if app.builder.name != "html" or "course-widget-frame" not in body:
+        return
+    folder = Path(app.outdir) / WIDGET_FRAMES
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def to_file(found: re.Match) -> str:
+        attributes, svg = found.group(1), urllib.parse.unquote(found.group(2))
+        data = svg.encode("utf-8")
+        name = hashlib.sha256(data).hexdigest()[:20] + ".svg"
+        if not (folder / name).is_file():
+            (folder / name).write_bytes(data)
+        url = html.escape(context["pathto"](f"{WIDGET_FRAMES.as_posix()}/{name}", 1))
+        size = _SVG_SIZE.search(svg)  # matplotlib writes points: 1 pt = 4/3 CSS px
+        box = (f' width="{round(float(size.group(1)) * 4 / 3)}"'
+               f' height="{round(float(size.group(2)) * 4 / 3)}"' if size else "")
+        hidden = re.search(r"\shidden\b", re.sub(r'"[^"]*"', '""', attributes))
+        where = f' data-src="{url}"' if hidden else f' src="{url}" loading="lazy"'
+        return f'<img class="course-widget-frame"{attributes}{box}{where}>'
+
+    context["body"] = _FRAME.sub(to_file, body)
 
 
 ICON_SCRIPT = Path("_static") / "scripts" / "fontawesome.js"  # the theme's, every page
@@ -392,5 +442,6 @@ def setup(app: Sphinx) -> dict:
     # After myst-nb registered nb_ipywidgets_js, before it reads it at builder-inited.
     app.connect("config-inited", _no_widget_scripts)
     app.connect("html-page-context", _figure_links)
+    app.connect("html-page-context", _widget_frame_files)
     app.connect("html-page-context", _drop_duplicate_inline_scripts, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
