@@ -49,7 +49,9 @@ TEACHING = {"KV cache": "notebooks/08_encoder_decoder",
             "FlashAttention": "notebooks/09_efficient_attention",
             "causal mask": "notebooks/05_masks",
             "multi-head attention": "notebooks/06_multi_head_attention",
-            "softmax": "notebooks/01_softmax_weighting"}
+            "softmax": "notebooks/01_softmax_weighting",
+            # issue 44, item 8: its snippet was chapter 11's list of code names
+            "induction": "notebooks/11_mini_transformer"}
 SEARCHES = list(dict.fromkeys([*TEX_SEARCHES, *TEACHING]))
 
 
@@ -264,6 +266,30 @@ def test_search_ranks_the_teaching_chapter_first(crawl, pytestconfig, query):
     assert query.lower() in term.lower() and len(definition) > 20, (
         f"search for {query!r}: the glossary's snippet is not the definition: "
         f"{glossary[0]['snippet']!r}")
+
+
+@pytest.mark.parametrize("query", SEARCHES)
+def test_search_snippets_start_at_the_text(crawl, pytestconfig, query):
+    """Issue 44, item 8: a snippet is the page's text: not cut mid-word as Sphinx cuts it
+    ("...apter 9: Efficient"), not the page's title again, no equation number with its "#"
+    link ("(4.1)# Attentio..."); for the chapter that teaches a term, the term in its prose,
+    not in a code name ("induction" showed "induction_attention_score")."""
+    top = pytestconfig.stash[SEARCH_KEY][query]["top"]
+    assert top, f"search for {query!r}: no results"
+    for r in top:
+        snippet, where = r["snippet"], f"search for {query!r}, {r['page']}#{r['anchor']}"
+        assert snippet, f"{where}: no snippet"
+        assert not snippet.startswith("..."), f"{where}: cut mid-word: {snippet[:80]!r}"
+        assert not re.search(r"\(\d+\.\d+\)\s*#", snippet), f"{where}: {snippet[:80]!r}"
+        title = r["title"].split(" > ")[0]
+        assert r["anchor"] or not snippet.lstrip("… ").startswith(title), (
+            f"{where}: the snippet starts with the page's title: {snippet[:80]!r}")
+    if query in TEACHING:
+        word = query.lower().split()[0]
+        snippet = top[0]["snippet"].lower()
+        assert re.search(rf"(?<![\w.]){re.escape(word)}[a-z-]*(?![\w.])", snippet), (
+            f"search for {query!r}: {word!r} is not in the prose of the first snippet: "
+            f"{top[0]['snippet']!r}")
 
 
 def test_index_redirects_to_the_first_page(crawl):
