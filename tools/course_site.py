@@ -19,8 +19,9 @@
    scrolls inside its own box, whose hidden side fades out; inline formulas are no scroll
    boxes (no scroll bar under each where scroll bars show); tables fit a phone; figures are
    shown large enough for 12 px text (11 px on a phone) but never wider than the column (the
-   screen on a phone), so that no figure scrolls or is cut; long inline code breaks, and the page itself is never wider than the screen (``tests/site_check.py``
-   measures every page at 400 px and 1280 px).
+   screen on a phone), so that no figure scrolls or is cut; long inline code breaks, and
+   the page itself is never wider than the screen (``tests/site_check.py`` measures every
+   page at 400 px and 1280 px).
 5. Exercise solutions (code cells tagged ``hide-input``, with ``hide-output`` or as
    ``hide-cell``) fold behind one toggle titled "Solution" instead of myst-nb's "Show code
    cell source" and a second "Show code cell output": :class:`SolutionCells` runs just before
