@@ -393,7 +393,7 @@ _COLLECT = """() => {
     output_images: document.querySelectorAll('.cell_output img').length,
     icon: (document.querySelector('link[rel~="icon"]') || {}).href || null,
     // Font Awesome icons the icon script did not draw (it turns each <i> into an <svg>)
-    undrawn_icons: Array.from(document.querySelectorAll('i[class*="fa-"]'))
+    undrawn_icons: Array.from(document.querySelectorAll('i[class*="fa-"], span[class*="fa-"]'))
         .map(i => i.className),
     book_pdf: (document.querySelector('a.course-book-pdf') || {}).href || null,
   };

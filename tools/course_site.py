@@ -309,7 +309,8 @@ ICON_JS = """/*! The icons these pages show, from
  *   (Icons: CC BY 4.0, Fonts: SIL OFL 1.1, Code: MIT License)
  * Copyright 2024 Fonticons, Inc.
  * Written by tools/course_site.py in place of the theme's whole set (1.49 MB): each
- * <i class="fa-solid fa-NAME"> becomes the icon's <svg>, as Font Awesome's own script does.
+ * <i class="fa-solid fa-NAME"> (or <span>) becomes the icon's <svg>, as Font Awesome's own
+ * script does.
  */
 (function () {
   "use strict";
@@ -348,9 +349,10 @@ ICON_JS = """/*! The icons these pages show, from
     svg.appendChild(path);
     el.replaceWith(svg);
   }
+  var ICON = 'i[class*="fa-"], span[class*="fa-"]';  // the theme writes both
   function drawAll(root) {
-    if (root.matches && root.matches('i[class*="fa-"]')) draw(root);
-    else if (root.querySelectorAll) root.querySelectorAll('i[class*="fa-"]').forEach(draw);
+    if (root.matches && root.matches(ICON)) draw(root);
+    else if (root.querySelectorAll) root.querySelectorAll(ICON).forEach(draw);
   }
   function start() {
     drawAll(document);

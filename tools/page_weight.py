@@ -95,7 +95,7 @@ def measure(site: Path, pages: list[str]) -> dict[str, dict[str, int]]:
                 page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(base)
                            else r.abort())
                 responses: list = []
-                page.on("response", lambda response: responses.append(response))
+                page.on("response", lambda response, seen=responses: seen.append(response))
                 page.goto(base + name, wait_until="load")
                 _settle(page, responses)
                 loaded = len(responses)
