@@ -680,12 +680,12 @@ def plot_blocks(
                    for c, n in zip(_BLOCK_COLOURS, _BLOCK_NAMES, strict=True)]
         figure = _figure(ax)
         for ncol in (3, 1):  # in one row where it fits the figure's width, else one column
-            ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0),
-                      ncol=ncol, fontsize=7, borderaxespad=4.5,
-                      frameon=False)  # below the axis label, in points
+            key = ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                            ncol=ncol, fontsize=7, borderaxespad=4.5,
+                            frameon=False)  # below the axis label, in points
             _fit_text(ax)
-            box = ax.get_legend().get_window_extent(figure.canvas.get_renderer())
-            if box.width <= figure.bbox.width:
+            figure.draw_without_rendering()  # sizes the legend's texts
+            if key.get_window_extent().width <= figure.bbox.width:
                 break
     _fit_text(ax)
     return ax

@@ -90,9 +90,9 @@ def scaled_dot_product_graph(masked: bool = True) -> Figure:
         s.text(_SDPA_X + 0.12, box["bottom"] - 0.16, leaves, ha="left", color=NOTE)
         previous = [name]
         if name == "mask":
-            source = s.box("mask input", 0.88, y, 1.62, 0.86, "mask (T_q, T_k)\nTrue: may\nattend",
-                           "mask", fill=0.2)
-            s.arrow((source["right"], y), (box["left"], y), "mask input", "mask")
+            mask = s.box("mask input", 0.88, y, 1.62, 0.86, "mask (T_q, T_k)\nTrue: may\nattend",
+                         "mask", fill=0.2)
+            s.arrow((mask["right"], y), (box["left"], y), "mask input", "mask")
     matmul = s.record.nodes["matmul AV"]
     s.wire([(6.45, s.record.nodes["V"][1]), (6.45, y), (matmul[2], y)], "V", "matmul AV")
     s.box("output", _SDPA_X, y - _SDPA_STEP, 2.0, 0.42, "output (T_q, d_v)", "output")
