@@ -497,7 +497,8 @@ _LAYOUT_INJECTED = {
     # issue 44: a figure wider than its box, which scrolls; a widget's figure shifted 16 px
     # left in the box of its output, which scrolls what is wider and cuts the rest
     '<div class="cell_output"><div style="overflow-x: auto; width: 200px"><img alt="a wide '
-    'figure" src="tiny_text.svg" width="600" height="40"></div></div>': "figure box scrolls",
+    'figure" src="tiny_text.svg" width="600" height="40" style="max-width: none"></div></div>':
+        "figure box scrolls",
     '<div class="cell_output"><div class="output" style="overflow-x: auto"><div '
     'class="course-widget-frames"><img alt="a shifted figure" src="tiny_text.svg" '
     'style="margin-left: -16px" width="200" height="40"></div></div></div>':

@@ -226,3 +226,31 @@ def test_crowded_token_names_are_turned_not_dropped(width):
     viz.plot_attention(torch.softmax(torch.randn(40, 40), -1), ax=ax)
     assert 1 < len(_x_labels(ax)) < 40  # positions 0 ... 39: thinned
     plt.close(fig)
+
+
+def _a_figure_a_notebook_finishes() -> plt.Figure:
+    """A viz heatmap with its colour bar (the saved figure is wider than its figsize), then
+    what a notebook adds after the viz call: a suptitle and a note at small sizes."""
+    fig, ax = plt.subplots(figsize=(7.0, 3.0))
+    viz.plot_heatmap(torch.randn(6, 6, generator=torch.Generator().manual_seed(0)), ax=ax,
+                     title="scores")
+    fig.suptitle("Static version of the widget", fontsize=9)
+    ax.text(0, 0, "a note", fontsize=7)
+    return fig
+
+
+def test_text_a_notebook_adds_is_raised_when_its_figure_is_shown(shell):
+    """Issue 44: a phone shows a figure no wider than its screen, so text a notebook adds
+    after a viz call (chapter 9's "Static version of the widget" at 9.3 px) or a figure
+    widened by its colour bar (chapter 8's heatmaps at 10.5 px) must be raised when shown:
+    the notebook's SVG formatter (use_sharp_figures) runs raise_small_text."""
+    with pytest.raises(AssertionError, match="on a phone"):  # as the notebook drew it
+        _assert_phone_readable(_svg(_a_figure_a_notebook_finishes()))
+    viz.use_sharp_figures()
+    svg = shell.display_formatter.formatters["image/svg+xml"](_a_figure_a_notebook_finishes())
+    _assert_phone_readable(svg)
+    fig = _a_figure_a_notebook_finishes()
+    assert viz.raise_small_text(fig) is fig
+    sizes = sorted(t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_text())
+    assert sizes[0] > 9  # the 7 pt note and the 9 pt suptitle were raised
+    _assert_phone_readable(_svg(fig))

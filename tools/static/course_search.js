@@ -142,18 +142,26 @@
       text = text.trim();
       if (text === "") return null;
       var lower = text.toLowerCase(), prose = -1, any = -1;
-      Array.from(keywords).forEach(function (word) {
-        word = word.toLowerCase();
-        for (var at = lower.indexOf(word); at > -1; at = lower.indexOf(word, at + 1)) {
-          if (any < 0 || at < any) any = at;
-          var name = /[\w.]*$/.exec(lower.slice(0, at))[0] +
-            /^[\w.]*/.exec(lower.slice(at))[0];
-          if (!inCode[at] && !/[_.]/.test(name.replace(/\.$/, ""))) {
-            if (prose < 0 || at < prose) prose = at;
-            break;
+      function find(words) {  // the first match in the prose (and the first of all)
+        words.forEach(function (word) {
+          word = word.toLowerCase();
+          for (var at = lower.indexOf(word); at > -1; at = lower.indexOf(word, at + 1)) {
+            if (any < 0 || at < any) any = at;
+            var name = /[\w.]*$/.exec(lower.slice(0, at))[0] +
+              /^[\w.]*/.exec(lower.slice(at))[0];
+            if (!inCode[at] && !/[_.]/.test(name.replace(/\.$/, ""))) {
+              if (prose < 0 || at < prose) prose = at;
+              break;
+            }
           }
-        }
-      });
+        });
+      }
+      // the whole query where the prose has it ("causal mask", not the first "mask"), else
+      // the first match of any of its words
+      var query = (new URLSearchParams(window.location.search).get("q") || "")
+        .toLowerCase().replace(/\s+/g, " ").trim();
+      if (query.indexOf(" ") > 0) find([query]);
+      if (prose < 0) find(Array.from(keywords));
       // from the start of the match's sentence (160 characters back at most), else of its
       // clause, else of a word; to the end of a word
       var hit = prose > -1 ? prose : any, start = 0;

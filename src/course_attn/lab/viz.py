@@ -49,6 +49,7 @@ __all__ = [
     "plot_heads",
     "plot_mask",
     "plot_training",
+    "raise_small_text",
     "readable_font_size",
     "use_sharp_figures",
     "keep_spaces",
@@ -116,7 +117,42 @@ def use_sharp_figures() -> None:
     set_matplotlib_formats("svg", dpi=IMAGE_DPI, metadata={"Date": None})
     formatter = shell.display_formatter.formatters["image/svg+xml"]  # type: ignore[union-attr]
     draw = formatter.lookup_by_type(Figure)
-    formatter.for_type(Figure, lambda figure: keep_spaces(draw(figure)))
+    formatter.for_type(Figure, lambda figure: keep_spaces(draw(raise_small_text(figure))))
+
+
+def raise_small_text(figure: Figure) -> Figure:
+    """Raise every text of ``figure`` under :func:`readable_font_size` of the width the
+    figure is saved at (its tight box) to that size; return the figure (every chapter).
+
+    This module's functions draw no smaller text, but a notebook may add some after them (a
+    ``suptitle``, an ``ax.text``), and a colour bar or legend outside the axes makes the
+    saved figure wider than its ``figsize``, so a phone shrinks it more (issue 44: chapter
+    8's heatmaps showed 10.5 px text at 400 px). A notebook's figures go through this when
+    they are shown (:func:`use_sharp_figures`), and so do a widget's figures drawn ahead;
+    text already large enough is left as it is.
+    """
+    for _ in range(3):  # larger text may widen the tight box a little: measure again
+        figure.draw_without_rendering()
+        box = figure.get_tightbbox()
+        if box is None or not box.width > 0:
+            return figure
+        size = readable_font_size(float(box.width))
+        raised = False
+        for ax in figure.axes:  # tick labels through the axis, which makes new ticks alike
+            for labels, name in ((ax.get_xticklabels(which="both"), "x"),
+                                 (ax.get_yticklabels(which="both"), "y")):
+                if any(t.get_text() and float(t.get_fontsize()) < size for t in labels):
+                    ax.tick_params(axis="x" if name == "x" else "y", which="both",
+                                   labelsize=size)
+                    raised = True
+        for text in figure.findobj(Text):
+            if text.get_visible() and text.get_text().strip() and \
+                    float(text.get_fontsize()) < size:
+                text.set_fontsize(size)
+                raised = True
+        if not raised:
+            break
+    return figure
 
 
 def keep_spaces(svg: str | None) -> str | None:
@@ -595,6 +631,7 @@ def _figure_svg(figure: Figure) -> str:
     """``figure`` as the SVG a notebook shows (:func:`use_sharp_figures`): images at
     :data:`IMAGE_DPI`, no date, a fixed salt for ids, so the same figure gives the same bytes."""
     buffer = io.StringIO()
+    raise_small_text(figure)
     with plt.rc_context({"svg.hashsalt": "course_attn", "svg.fonttype": "none"}):
         figure.savefig(buffer, format="svg", bbox_inches="tight", dpi=IMAGE_DPI,
                        metadata={"Date": None})
