@@ -131,7 +131,7 @@ def raise_small_text(figure: Figure) -> Figure:
     they are shown (:func:`use_sharp_figures`), and so do a widget's figures drawn ahead;
     text already large enough is left as it is.
     """
-    for _ in range(3):  # larger text may widen the tight box a little: measure again
+    for _ in range(8):  # larger text may widen the tight box: measure again until it holds
         figure.draw_without_rendering()
         box = figure.get_tightbbox()
         if box is None or not box.width > 0:
