@@ -40,6 +40,7 @@ html: $(STAMP)
 
 book: html
 	@echo "The course site: $(CURDIR)/_build/html/index.html"
+	@test -f _build/html/course_attn.pdf || echo "(without the whole book as one PDF: make pdf book adds it to every page's download menu)"
 
 # The whole book as one PDF, without LaTeX: Sphinx's single-page HTML of every page, printed by
 # the headless Chromium the site test uses (tools/print_pdf.py; about half a minute). A later

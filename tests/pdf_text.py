@@ -4,7 +4,9 @@ The project pins no PDF library, and this reader needs none: Chromium's writer (
 every object at the top level of the file (no object streams, no encryption), compresses
 content streams with Flate only, and draws text with Type0 fonts whose glyph ids a
 ``/ToUnicode`` CMap maps back to characters. That is all this module reads: the pages, the
-outline (bookmarks) and, per page, the text of each font. It is not a general PDF parser.
+outline (bookmarks, from the outline tree, in reading order) and, per page, the text of each
+font and the number of images and other external objects it draws. It is not a general PDF
+parser.
 """
 
 from __future__ import annotations
@@ -17,15 +19,26 @@ from pathlib import Path
 _REF = rb"(\d+) 0 R"
 
 
+# The footer tools/print_pdf.py puts on every page: "12 / 420".
+FOOTER = re.compile(r"\d+ / \d+")
+
+
 @dataclass
 class Page:
     number: int
     # font name (BaseFont without its subset prefix) -> the text drawn with it
     text_by_font: dict[str, str] = field(default_factory=dict)
+    # external objects drawn (the Do operator): images, and forms Skia writes for some figures
+    xobjects: int = 0
 
     @property
     def text(self) -> str:
         return " ".join(self.text_by_font.values())
+
+    @property
+    def blank(self) -> bool:
+        """Nothing on the page but its footer: no other text, no image."""
+        return self.xobjects == 0 and not FOOTER.sub("", self.text).strip()
 
 
 @dataclass
@@ -201,7 +214,34 @@ def read(path: Path) -> Pdf:
         contents = re.search(rb"/Contents\s*(\[[^\]]*\]|" + _REF + rb")", body)
         refs = re.findall(_REF, contents.group(1)) if contents else []
         stream = b"\n".join(objects[int(r)][1] or b"" for r in refs)
-        pages.append(Page(len(pages) + 1, _page_text(stream, fonts)))
-    outline = [_pdf_string(t) for t in
-               re.findall(rb"/Title\s*(\((?:\\.|[^\\)])*\)|<[0-9A-Fa-f]*>)", data)]
-    return Pdf(pages=pages, outline=outline)
+        drawn = len(re.findall(rb"(?<![^\s/])/[^\s/\[\]()<>]+\s+Do\b", stream))
+        pages.append(Page(len(pages) + 1, _page_text(stream, fonts), drawn))
+    return Pdf(pages=pages, outline=_outline(objects, catalog))
+
+
+_TITLE = rb"/Title\s*(\((?:\\.|[^\\)])*\)|<[0-9A-Fa-f]*>)"
+
+
+def _outline(objects: dict[int, tuple[bytes, bytes | None]], catalog: bytes) -> list[str]:
+    """The bookmarks' titles, depth first (a title, then its children, then the next one),
+    read from the catalog's outline tree: each item's /First child and /Next sibling."""
+    root = re.search(rb"/Outlines\s+" + _REF, catalog)
+    titles: list[str] = []
+    seen: set[int] = set()
+
+    def walk(number: int | None) -> None:
+        while number is not None and number not in seen:  # a loop in a broken file ends
+            seen.add(number)
+            body = objects[number][0]
+            title = re.search(_TITLE, body)
+            if title:
+                titles.append(_pdf_string(title.group(1)))
+            first = re.search(rb"/First\s+" + _REF, body)
+            walk(int(first.group(1)) if first else None)
+            after = re.search(rb"/Next\s+" + _REF, body)
+            number = int(after.group(1)) if after else None
+
+    if root:
+        first = re.search(rb"/First\s+" + _REF, objects[int(root.group(1))][0])
+        walk(int(first.group(1)) if first else None)
+    return titles

@@ -10,7 +10,8 @@ checks, at both widths: the page is no wider than the window, no formula is cut,
 formula scrolls in a box of its own unless it cannot fit its line (never at 1280 px, where
 the test's browser draws scroll bars as Windows does), display formulas and code show all of
 themselves at 1280 px and fade out the side that goes on where they scroll on a phone, every
-table fits its column, SVG text (figures) is at least 12 px at 1280 px and 11 px at 400 px.
+figure (a widget's too) is whole, in no box that scrolls or cuts it, every table fits its
+column, SVG text (figures) is at least 12 px at 1280 px and 11 px at 400 px.
 ``check_search`` runs a query on the search page and looks for raw TeX in the results.
 """
 
@@ -224,6 +225,10 @@ class PageReport:
     formula_scrollbars: list[str] = field(default_factory=list)
     display_hidden_px: dict[int, int] = field(default_factory=dict)
     code_problems: list[str] = field(default_factory=list)
+    # figures, a widget's too, per window width: how many were measured and cut (issue 44)
+    figures_measured: dict[int, int] = field(default_factory=dict)
+    figures_clipped: dict[int, int] = field(default_factory=dict)
+    figure_layout: list[str] = field(default_factory=list)
     tables_measured: int = 0
     wide_tables: list[str] = field(default_factory=list)
     svg_texts: int = 0
@@ -260,7 +265,8 @@ class PageReport:
             ("page wider than the window", self.overflow),
             ("formula cut off", self.cut_formulas),
             ("formula scrolls", self.formula_scrollbars),
-            ("code or figure", self.code_problems),
+            ("code", self.code_problems),
+            ("figure or widget box", self.figure_layout),
             ("table wider than its column", self.wide_tables),
             ("SVG text too small", self.small_svg_text),
             ("raw TeX in the text", self.raw_tex),
@@ -386,14 +392,25 @@ _COLLECT = """() => {
         .filter(o => o.textContent.trim() || o.querySelector('img, svg, .widget-subarea')).length,
     output_images: document.querySelectorAll('.cell_output img').length,
     icon: (document.querySelector('link[rel~="icon"]') || {}).href || null,
+    // Font Awesome icons the icon script did not draw (it turns each <i> into an <svg>)
+    undrawn_icons: Array.from(document.querySelectorAll('i[class*="fa-"], span[class*="fa-"]'))
+        .map(i => i.className),
     book_pdf: (document.querySelector('a.course-book-pdf') || {}).href || null,
   };
 }"""
 
-_IMAGES = """() => Array.from(document.images).map(img => ({
-    src: img.currentSrc || img.src, ok: img.complete && img.naturalWidth > 0,
+# Every image: its URL, whether it decoded, where it is. A widget's figure not shown yet has
+# no src, only the data-src course.js loads it from (tools/course_site.py): not loaded is not
+# broken (ok: null), but its file must be there (checked over HTTP).
+_IMAGES = """() => Array.from(document.images).map(img => {
+  const waiting = !img.getAttribute('src') && img.dataset.src;
+  return {
+    src: waiting ? new URL(img.dataset.src, location.href).href : img.currentSrc || img.src,
+    ok: waiting ? null : img.complete && img.naturalWidth > 0,
     output: !!img.closest('.cell_output'), alt: img.getAttribute('alt') || '',
-    linked: !!img.closest('a.course-figure-link')}))"""
+    linked: !!img.closest('a.course-figure-link'),
+    widget: !!img.closest('.course-widget')};
+})"""
 
 
 # Layout at the current window width, after MathJax and the web fonts, with every <details>
@@ -510,6 +527,32 @@ _LAYOUT = r"""async ([minPx, wide]) => {
   out.scroll.bar_px = probe.offsetHeight - probe.clientHeight;
   probe.remove();
   const cue = el => el.scrollLeft > 1 || el.classList.contains('course-more-right');
+  // Figures (issue 44): every figure a cell shows, a widget's too, is whole: no part of it
+  // past the window or outside a box that clips or scrolls it (code may scroll, figures may
+  // not: a reader cannot tell that a figure goes on).
+  out.figures = {measured: 0, clipped: 0, bad: []};
+  for (const img of document.querySelectorAll('article div.cell_output img')) {
+    const r = img.getBoundingClientRect();
+    if (r.width === 0 || !visible(img)) continue;
+    out.figures.measured += 1;
+    const what = (img.closest('.course-widget') ? 'widget figure ' : 'figure ') +
+        (img.getAttribute('alt') || (img.currentSrc || img.src).split('/').pop()).slice(0, 50);
+    let cut = r.left < -1 || r.right > vw + 1
+      ? `reaches past the window (${px(r.left)} to ${px(r.right)} px of ${vw})` : null;
+    for (let el = img.parentElement; el && el !== root && !cut; el = el.parentElement) {
+      if (!clipsX(el)) continue;
+      const b = el.getBoundingClientRect();
+      const lost = Math.max(0, b.left - r.left) + Math.max(0, r.right - b.right);
+      if (lost > 1) {
+        cut = `${px(lost)} px cut by its box (${describe(el).split(' ')[0]}` +
+              `${scrollsX(el) ? ', which scrolls' : ''})`;
+      }
+    }
+    if (cut) {
+      out.figures.clipped += 1;
+      out.figures.bad.push(`${what}: ${cut}`);
+    }
+  }
   for (const el of document.querySelectorAll('article *')) {
     if (!scrollsX(el) || el.scrollWidth <= el.clientWidth || el.clientWidth === 0) continue;
     if (!visible(el)) continue;
@@ -541,14 +584,9 @@ _LAYOUT = r"""async ([minPx, wide]) => {
             `(course-more-right): ${tex}`);
       }
       out.scroll.display_hidden = Math.max(out.scroll.display_hidden || 0, hidden);
-    } else if (el.querySelector(':scope > img')) {
+    } else if (el.querySelector('img')) {  // a figure's box, or a widget's (issue 44)
       out.scroll.figure += 1;
-      if (wide) {
-        out.scroll.code_bad.push(`figure cut by ${px(hidden)} px: ${name}`);
-      } else if (!cue(el)) {
-        out.scroll.code_bad.push(`figure hides ${px(hidden)} px without a fade ` +
-            `(course-more-right): ${name}`);
-      }
+      out.figures.bad.push(`figure box scrolls, hiding ${px(hidden)} px: ${name}`);
     } else if (el.matches('pre')) {
       out.scroll.code += 1;
       if (wide) {
@@ -774,6 +812,10 @@ def _check_layout(page, report: PageReport, width: int) -> None:
     report.formula_scrollbars += [f"{at}: {msg}" for msg in scroll["inline_bad"]]
     report.cut_formulas += [f"{at}: {msg}" for msg in scroll["display_bad"]]
     report.code_problems += [f"{at}: {msg}" for msg in scroll["code_bad"]]
+    figures = result["figures"]
+    report.figures_measured[width] = figures["measured"]
+    report.figures_clipped[width] = figures["clipped"]
+    report.figure_layout += [f"{at}: {msg}" for msg in figures["bad"]]
     report.tables_measured += result["tables"]["measured"]
     report.wide_tables += [f"{at}: {msg}" for msg in result["tables"]["wide"]]
     texts = result["texts"]
@@ -969,12 +1011,14 @@ def check_page(context, base_url: str, page_path: str, *, chapter: bool = False,
             report.images_checked += 1
             src = image["src"]
             status = http_get(src, cache)[0] if src.startswith(base_url) else None
-            if not image["ok"] or status not in (None, 200):
+            if image["ok"] is False or status not in (None, 200) or not src:
                 report.broken_images.append(f"{src} (HTTP {status}, decoded={image['ok']})")
-            if image["output"] and not src.startswith("data:"):  # data: = drawn by a widget
+            if image["output"] and not image["widget"]:  # a widget's figures stay unlinked
                 _check_figure(src, image, report)
         _check_links(info["links"], base_url, report, cache)
         _check_icon(info["icon"], base_url, report, cache)
+        report.other += [f"icon not drawn (no such icon in the icon script): {name}"
+                         for name in info["undrawn_icons"]]
         report.book_pdf_link = info["book_pdf"]
         _wait_quiet(page, pending, report)
         if screenshot is not None:

@@ -14,11 +14,13 @@ the Chinese glyphs without a CJK font (Debian: fonts-noto-cjk).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
 import struct
 import unicodedata
+from html import unescape
 from pathlib import Path
 
 import pdf_text
@@ -47,7 +49,9 @@ TEACHING = {"KV cache": "notebooks/08_encoder_decoder",
             "FlashAttention": "notebooks/09_efficient_attention",
             "causal mask": "notebooks/05_masks",
             "multi-head attention": "notebooks/06_multi_head_attention",
-            "softmax": "notebooks/01_softmax_weighting"}
+            "softmax": "notebooks/01_softmax_weighting",
+            # issue 44, item 8: its snippet was chapter 11's list of code names
+            "induction": "notebooks/11_mini_transformer"}
 SEARCHES = list(dict.fromkeys([*TEX_SEARCHES, *TEACHING]))
 
 
@@ -127,6 +131,7 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
     narrow = [reports[f"{doc}@{sc.NARROW}"] for doc in PAGES]
     svg = [r for r in pages + narrow if r.smallest_svg_text_px is not None]
     sizes = {name: sc.tree_size(site / "_static" / name) for name in ("mathjax",)}
+    pdf = _pdf_counts()
     summary = {
         "pages": len(pages),
         "chapter_pages": len(CHAPTERS),
@@ -146,6 +151,13 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
         "display_formula_hidden_px": {width: max(r.display_hidden_px.get(width, 0)
                                                  for r in pages + narrow)
                                       for width in (sc.WIDE, sc.NARROW)},
+        "figures": {width: {"measured": sum(r.figures_measured.get(width, 0)
+                                            for r in pages + narrow),
+                            "scrolling": sum(r.scrolling.get(width, {}).get("figure", 0)
+                                             for r in pages + narrow),
+                            "clipped": sum(r.figures_clipped.get(width, 0)
+                                           for r in pages + narrow)}
+                    for width in (sc.WIDE, sc.NARROW)},
         "tables": sum(r.tables_measured for r in narrow),
         "svg_texts": sum(r.svg_texts for r in pages + narrow),
         "smallest_svg_text_px": {
@@ -154,6 +166,7 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
         "chinese_characters_checked": reports[GLOSSARY].cjk_chars if GLOSSARY in reports
         else 0,
         "search_results": {q: s["results"] for q, s in searches.items()},
+        "pdf": pdf,
     }
     (sc.ROOT / "_build" / "site_report.json").write_text(json.dumps(
         {"summary": summary, "pages": {doc: vars(r) for doc, r in reports.items()}}, indent=1))
@@ -176,8 +189,14 @@ def crawl(browsers, site, pytestconfig) -> dict[str, sc.PageReport]:
             t=summary["tables"], **{k: ", ".join(f"{v} {kind}" for kind, v in
                                                  summary["scrolling_boxes"][width].items())
                                     for k, width in (("a", sc.WIDE), ("b", sc.NARROW))}),
+        "figures and widget figures: " + "; ".join(
+            f"at {width} px {f['measured']} measured, {f['scrolling']} boxes scrolling, "
+            f"{f['clipped']} clipped" for width, f in summary["figures"].items()),
         f"local assets in _build/html/_static: MathJax {sizes['mathjax'] / 1e6:.1f} MB "
         f"(whole site {summary['site_bytes'] / 1e6:.1f} MB); details in _build/site_report.json",
+        "PDF: not built (make pdf)" if pdf is None else
+        f"PDF: {pdf['pages']} pages, {pdf['blank']} blank; {pdf['bookmarks']} bookmarks, "
+        f"{pdf['doubled']} written twice, {pdf['bad']} not a heading's text",
     ]
     return reports
 
@@ -195,7 +214,8 @@ def test_page_renders_offline(crawl, doc):
 @pytest.mark.parametrize("doc", PAGES)
 def test_page_fits_a_phone(crawl, doc):
     """At 400 px: the page is no wider than the window, every formula is whole or scrolls in
-    its own box, tables fit, SVG text is at least 11 px."""
+    its own box, every figure (a widget's too) is whole, in no box that scrolls or cuts it,
+    tables fit, SVG text is at least 11 px."""
     report = crawl[f"{doc}@{sc.NARROW}"]
     failures = report.failures()
     assert not failures, f"{len(failures)} problem(s):\n" + "\n".join(failures)
@@ -246,6 +266,30 @@ def test_search_ranks_the_teaching_chapter_first(crawl, pytestconfig, query):
     assert query.lower() in term.lower() and len(definition) > 20, (
         f"search for {query!r}: the glossary's snippet is not the definition: "
         f"{glossary[0]['snippet']!r}")
+
+
+@pytest.mark.parametrize("query", SEARCHES)
+def test_search_snippets_start_at_the_text(crawl, pytestconfig, query):
+    """Issue 44, item 8: a snippet is the page's text: not cut mid-word as Sphinx cuts it
+    ("...apter 9: Efficient"), not the page's title again, no equation number with its "#"
+    link ("(4.1)# Attentio..."); for the chapter that teaches a term, the term in its prose,
+    not in a code name ("induction" showed "induction_attention_score")."""
+    top = pytestconfig.stash[SEARCH_KEY][query]["top"]
+    assert top, f"search for {query!r}: no results"
+    for r in top:
+        snippet, where = r["snippet"], f"search for {query!r}, {r['page']}#{r['anchor']}"
+        assert snippet, f"{where}: no snippet"
+        assert not snippet.startswith("..."), f"{where}: cut mid-word: {snippet[:80]!r}"
+        assert not re.search(r"\(\d+\.\d+\)\s*#", snippet), f"{where}: {snippet[:80]!r}"
+        title = r["title"].split(" > ")[0]
+        assert r["anchor"] or not snippet.lstrip("… ").startswith(title), (
+            f"{where}: the snippet starts with the page's title: {snippet[:80]!r}")
+    if query in TEACHING:
+        word = query.lower().split()[0]
+        snippet = top[0]["snippet"].lower()
+        assert re.search(rf"(?<![\w.]){re.escape(word)}[a-z-]*(?![\w.])", snippet), (
+            f"search for {query!r}: {word!r} is not in the prose of the first snippet: "
+            f"{top[0]['snippet']!r}")
 
 
 def test_index_redirects_to_the_first_page(crawl):
@@ -306,6 +350,25 @@ def test_no_page_loads_a_widget_script(site):
                     if re.search(r"require\.js|embed-amd|html-manager", u)]
               for doc in DOCS if (site / f"{doc}.html").is_file()}
     assert not {doc: urls for doc, urls in loaded.items() if urls}, loaded
+
+
+def test_icon_script_holds_the_icons_the_pages_use(site):
+    """Issue 44, item 7: every page loads the icon script; it holds the icons the pages name
+    (tools/course_site.py writes it), not Font Awesome's whole set (1.49 MB)."""
+    script = site / "_static" / "scripts" / "fontawesome.js"
+    assert script.is_file(), f"no {script.relative_to(site)}"
+    text = script.read_text(encoding="utf-8")
+    assert len(text) < 30_000, f"{script.name} is {len(text):,} bytes: the whole icon set?"
+    found = re.search(r"var ICONS = (\{.*?\});\n", text)
+    assert found, f"{script.name} is not the course's icon subset (no ICONS table)"
+    held = {name for pack in json.loads(found.group(1)).values() for name in pack}
+    modifiers = {"solid", "regular", "brands", "lg"}
+    used = {name for doc in PAGES if (site / f"{doc}.html").is_file()
+            for attr in re.findall(r'class="([^"]*)"', (site / f"{doc}.html").read_text(
+                encoding="utf-8"))
+            for name in re.findall(r"\bfa-([a-z0-9-]+)", attr)} - modifiers
+    assert len(used) >= 10, f"only {len(used)} icons named on the pages: {sorted(used)}"
+    assert used <= held, f"icons the pages name that the script lacks: {sorted(used - held)}"
 
 
 def test_pages_load_nothing_from_other_hosts(site):
@@ -431,6 +494,15 @@ _LAYOUT_INJECTED = {
     '<div class="pst-scrollable-table-container"><table class="table"><tr><td>'
     + "Pneumonoultramicroscopicsilicovolcanoconiosis" * 2 + '</td></tr></table></div>':
         "table wider than its column",
+    # issue 44: a figure wider than its box, which scrolls; a widget's figure shifted 16 px
+    # left in the box of its output, which scrolls what is wider and cuts the rest
+    '<div class="cell_output"><div style="overflow-x: auto; width: 200px"><img alt="a wide '
+    'figure" src="tiny_text.svg" width="600" height="40" style="max-width: none"></div></div>':
+        "figure box scrolls",
+    '<div class="cell_output"><div class="output" style="overflow-x: auto"><div '
+    'class="course-widget-frames"><img alt="a shifted figure" src="tiny_text.svg" '
+    'style="margin-left: -16px" width="200" height="40"></div></div></div>':
+        "px cut by its box (div.output, which scrolls)",
 }
 _PHONE_ONLY = {"without a fade"}  # at 1280 px that code block is "cut by" (checked above)
 _NO_FONT_HAS = "\U00030000\U00030001\U00030002"
@@ -449,7 +521,8 @@ def test_checker_reports_layout_text_and_solution_problems(broken):
             + "\n".join(failures))
     narrow_failures = narrow.failures()
     for needle in ["px wide: div", "formula cut off", "is 6.0 px", "inline formula scrolls",
-                   "without a fade", "table wider than its column"]:
+                   "without a fade", "table wider than its column", "figure box scrolls",
+                   "px cut by its box (div.output, which scrolls)"]:
         assert any(needle in line and f"at {sc.NARROW} px" in line
                    for line in narrow_failures), (
             f"the checker did not report {needle!r} at {sc.NARROW} px; it reported:\n"
@@ -484,11 +557,111 @@ def _chapter_titles() -> list[str]:
     return titles
 
 
+@functools.cache
+def _read_book_pdf() -> pdf_text.Pdf | None:
+    return pdf_text.read(BOOK_PDF) if BOOK_PDF.is_file() else None
+
+
 @pytest.fixture(scope="module")
 def book_pdf() -> pdf_text.Pdf:
-    if not BOOK_PDF.is_file():
+    pdf = _read_book_pdf()
+    if pdf is None:
         pytest.skip(f"no {BOOK_PDF.relative_to(sc.ROOT)}: run `make pdf` to build and check it")
-    return pdf_text.read(BOOK_PDF)
+    return pdf
+
+
+# Headings tools/print_pdf.py adds to the printed page (each chapter's solutions).
+_PRINTED_HEADINGS = [r"Solutions to the exercises of chapter \d+", "Solutions"]
+_HEADING = re.compile(r"<(h[1-6])\b[^>]*>(.*?)</\1>|<p\b[^>]*role=\"heading\"[^>]*>(.*?)</p>",
+                      re.S)
+_MATH = "\x00"  # where a heading has a formula
+
+
+def heading_patterns(html: str) -> list[re.Pattern]:
+    """What a bookmark may read, one pattern per heading of the single-page HTML (and each
+    caption the theme marks role="heading"): its text without the "#" link, runs of spaces
+    as one, a formula as any text of its own (its plain text, "T_q < T_k")."""
+    patterns = [re.compile(p) for p in _PRINTED_HEADINGS]
+    for found in _HEADING.finditer(html):
+        inner = found.group(2) if found.group(2) is not None else found.group(3)
+        inner = re.sub(r'<a class="headerlink".*?</a>', "", inner, flags=re.S)
+        inner = re.sub(r'<span class="math[^"]*">.*?</span>', _MATH, inner, flags=re.S)
+        text = " ".join(unescape(re.sub(r"<[^>]+>", "", inner)).split())
+        if text:
+            patterns.append(re.compile(r"\s*".join(
+                r"\S.*?" if part == _MATH else re.escape(part).replace(r"\ ", r"\s")
+                for part in re.split(f"({_MATH})", text) if part)))
+    return patterns
+
+
+def doubled_titles(outline: list[str]) -> list[str]:
+    """Bookmarks whose title starts with a run of text written twice ("GPUsGPUs")."""
+    return [t for t in outline if re.match(r"\s*(.{3,}?)\1", t)]
+
+
+def bad_bookmarks(outline: list[str], patterns: list[re.Pattern]) -> list[str]:
+    """Bookmarks that are no heading's text: a title written twice, words run together where
+    it wrapped ("Scaled dot-productattention"), a formula missing ("train at , test at ")."""
+    return [t for t in outline
+            if not any(p.fullmatch(" ".join(t.split())) for p in patterns)]
+
+
+def _pdf_counts() -> dict[str, int] | None:
+    """For the summary line: pages, blank pages, bookmarks, doubled and bad titles."""
+    pdf = _read_book_pdf()
+    if pdf is None:
+        return None
+    html = SINGLEHTML / "book" / "intro.html"
+    patterns = heading_patterns(html.read_text(encoding="utf-8")) if html.is_file() else []
+    return {"pages": len(pdf.pages), "blank": sum(page.blank for page in pdf.pages),
+            "bookmarks": len(pdf.outline), "doubled": len(doubled_titles(pdf.outline)),
+            "bad": len(bad_bookmarks(pdf.outline, patterns)) if patterns else -1}
+
+
+def test_pdf_has_no_blank_pages(book_pdf):
+    """Issue 44: no page is blank but for its footer (there were 4 of 428: after chapter 7's
+    last solution, and before each of three figures taller than a page)."""
+    blank = [page.number for page in book_pdf.pages if page.blank]
+    assert not blank, (f"{len(blank)} of {len(book_pdf.pages)} pages of {BOOK_PDF.name} are "
+                       f"blank but for the footer: pages {blank}")
+
+
+def test_pdf_bookmarks_are_the_headings(book_pdf):
+    """Issue 44: each bookmark reads as its heading does: not twice ("GPUsGPUs": 41 of 222
+    titles), with the space where the heading wrapped ("Scaled dot-productattention") and
+    the text of its formulas."""
+    html = SINGLEHTML / "book" / "intro.html"
+    if not html.is_file():
+        pytest.skip(f"no {html.relative_to(sc.ROOT)} (make pdf writes it)")
+    patterns = heading_patterns(html.read_text(encoding="utf-8"))
+    assert len(book_pdf.outline) >= 10 * len(CHAPTERS), (
+        f"only {len(book_pdf.outline)} bookmarks in {BOOK_PDF.name}")
+    doubled = doubled_titles(book_pdf.outline)
+    assert not doubled, f"{len(doubled)} bookmarks written twice: {doubled[:10]}"
+    bad = bad_bookmarks(book_pdf.outline, patterns)
+    assert not bad, (f"{len(bad)} of {len(book_pdf.outline)} bookmarks are no heading's text: "
+                     f"{bad[:10]}")
+
+
+def test_bookmark_checks_catch_what_the_pdf_had():
+    """The two checks above fail on the faults issue 44 found in the PDF."""
+    html = ('<h2>GPUs<a class="headerlink" href="#gpus">#</a></h2>'
+            "<h1>Chapter 4: Scaled dot-product attention</h1>"
+            '<h2>10.7 Length extrapolation: train at <span class="math notranslate '
+            'nohighlight">\\(T\\)</span>, test at <span class="math notranslate nohighlight">'
+            "\\(2T\\)</span></h2>")
+    patterns = heading_patterns(html)
+    good = ["GPUs", "Chapter 4: Scaled dot-product attention",
+            "10.7 Length extrapolation: train at T, test at 2T", "Solutions"]
+    faulty = ["GPUsGPUs", "Chapter 4: Scaled dot-productattention",
+              "10.7 Length extrapolation: train at , test at "]
+    assert bad_bookmarks(good, patterns) == []
+    assert bad_bookmarks(faulty, patterns) == faulty
+    assert doubled_titles([*good, *faulty]) == ["GPUsGPUs"]
+    footer_only = pdf_text.Page(206, {"DejaVuSans": "206 / 428"})
+    assert footer_only.blank
+    assert not pdf_text.Page(207, {"DejaVuSans": "206 / 428", "F": "Chapter 8"}).blank
+    assert not pdf_text.Page(208, {"DejaVuSans": "208 / 428"}, xobjects=1).blank
 
 
 def test_pdf_has_every_chapter(book_pdf):

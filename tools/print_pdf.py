@@ -15,7 +15,9 @@ the page for paper and prints it with Chromium's own PDF writer:
 - code wraps instead of scrolling; widgets (which need a kernel) are left out: each has its
   static figure beside it;
 - exercise solutions are printed at the end of their chapter, under "Solutions", each exercise
-  pointing there; they are not folded (paper has no toggles).
+  pointing there; they are not folded (paper has no toggles);
+- no blank pages and clean bookmarks (issue 44): ``PRINT_CSS`` says what in Chromium's
+  printing made four blank pages and 32 doubled bookmark titles, and how it is avoided.
 
 Usage: ``python tools/print_pdf.py [SINGLEHTML_DIR] [OUT_PDF]`` (defaults
 ``_build/singlehtml`` and ``_build/pdf/course_attn.pdf``). Needs Chromium (``chromium`` on
@@ -56,8 +58,27 @@ div.highlight pre, div.cell_output pre, pre {
 div.cell_output .widget-subarea, .jupyter-widgets, .course-print-widget {
   display: none !important; }
 div.cell.course-solution > details > summary { display: none !important; }
+/* A solution's fold keeps the theme's admonition margin (1.5625em) above it, not below: at
+   the end of a chapter that bottom margin made Chromium print a page of its own, blank but
+   for the footer (chapters 3 and 7); the next exercise's label has a margin of its own. */
+div.cell.course-solution > details.admonition { margin-bottom: 0 !important; }
 div.cell_output img, figure img { break-inside: avoid; }
+/* A figure taller than the page (chapter 11's stacked heatmaps) was pushed to a new page,
+   leaving a blank one before it, and still cut at its foot: every figure fits one page's
+   height (A4 less the margins is 265 mm; 235 mm leaves room for its caption), drawn smaller
+   and centred in its box where it must be (object-fit; course.js set its width). */
+div.cell_output img, figure img { max-height: 235mm; object-fit: contain; }
 h1, h2, h3, h4 { break-after: avoid; }
+/* The PDF's bookmarks are the headings, titled by Skia (Chromium's PDF writer) with the text
+   it draws inside each heading, run after run. Two things spoilt them:
+   - a heading at the top of a page was also drawn, clipped away, on the page before: its
+     glyphs reached above its line box (the theme's line-height of 1.15 is less than the
+     font's ascent plus descent), so they crossed the page's edge, and its title came out
+     twice ("GPUsGPUs"; 32 such titles). With 1.3 the glyphs stay inside the line box;
+   - the space where a title wraps is not drawn, so its words ran together ("Scaled
+     dot-productattention"); with pre-wrap the space stays at the line's end and is drawn. */
+h1, h2, h3, h4, h5, h6 { line-height: 1.3 !important; white-space: pre-wrap; }
+.course-print-mathtext { font-size: 1px; color: transparent; }
 .course-print-solutions h3 { break-before: auto; }
 .course-print-see { font-style: italic; }
 .course-print-label { break-after: avoid; margin: 1.2em 0 0.3em; }
@@ -116,6 +137,45 @@ PREPARE_JS = r"""async () => {
       if (out) out.classList.add('course-print-widget');
     });
   document.querySelectorAll('details').forEach(d => { d.open = true; });
+  // Bookmarks (see PRINT_CSS): a heading's title is the text drawn inside it. Its spaces at
+  // either end would be kept by pre-wrap (" Contents "), so they go; and a formula, which
+  // MathJax draws as CSS-generated glyphs, gave no text at all ("10.7 Length extrapolation:
+  // train at , test at "), so each formula of a heading also gets its plain text, from
+  // MathJax's MathML ("T_q < T_k"), drawn in a transparent 1 px font beside it: it is in the
+  // title and the PDF's text, and changes nothing a reader sees.
+  const plain = node => {
+    const kids = Array.from(node.children);
+    const name = node.localName;
+    if (name === 'msub' || name === 'msup') {
+      return plain(kids[0]) + (name === 'msub' ? '_' : '^') + plain(kids[1]);
+    }
+    const text = kids.length ? kids.map(plain).join('') : node.textContent.trim();
+    return name === 'mo' && /^[<>=≤≥≠]$/.test(text) ? ` ${text} ` : text;
+  };
+  let bookmarks = 0;
+  for (const heading of document.querySelectorAll('h1, h2, h3, h4, h5, h6')) {
+    for (const math of heading.querySelectorAll('mjx-container')) {
+      const mml = math.querySelector('mjx-assistive-mml math');
+      if (!mml || (math.nextSibling && math.nextSibling.className === 'course-print-mathtext'))
+        continue;
+      const text = document.createElement('span');
+      text.className = 'course-print-mathtext';
+      text.textContent = plain(mml);
+      math.after(text);
+      bookmarks += 1;
+    }
+    const walker = document.createTreeWalker(heading, NodeFilter.SHOW_TEXT);
+    const texts = [];
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      if (!n.parentElement.closest('.headerlink, mjx-container')) texts.push(n);
+    }
+    texts.forEach(n => { n.nodeValue = n.nodeValue.replace(/\s+/g, ' '); });
+    if (texts.length) {
+      texts[0].nodeValue = texts[0].nodeValue.trimStart();
+      const last = texts[texts.length - 1];
+      last.nodeValue = last.nodeValue.trimEnd();
+    }
+  }
   await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
   if (window.courseSite) await window.courseSite.fit();
   let shrunk = 0;
@@ -129,7 +189,8 @@ PREPARE_JS = r"""async () => {
       shrunk += 1;
     }
   }
-  return {parts: parts.length, chapters_with_solutions: chapters, solutions: moved, shrunk};
+  return {parts: parts.length, chapters_with_solutions: chapters, solutions: moved, shrunk,
+          bookmarks};
 }"""
 
 FOOTER = ('<div style="font-size: 8px; width: 100%; text-align: center; color: #555;">'
@@ -213,7 +274,8 @@ def main(argv: list[str]) -> int:
           f"{time.perf_counter() - start:.0f} s): {report['parts']} parts, "
           f"{report['formulas']} formulas typeset, {report['solutions']} solutions moved to the "
           f"end of {report['chapters_with_solutions']} chapters, {report['shrunk']} display "
-          f"formulas drawn smaller to fit the paper"
+          f"formulas drawn smaller to fit the paper, {report['bookmarks']} formulas of headings "
+          f"given text for the bookmarks"
           + (f"; page errors: {report['page_errors']}" if report["page_errors"] else ""))
     return 0
 

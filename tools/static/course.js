@@ -10,7 +10,7 @@
    - a table wider than its box on a phone lets its headers' long words break before a
      capital (course.css makes its text smaller and its inline code breakable);
    - a figure (SVG) is shown large enough for its smallest text to be 12 px (11 px on a
-     phone, where a figure too wide for the screen then scrolls in its own box);
+     phone), but no wider than its room: no figure scrolls or is cut;
    Everything is measured again when the column changes width (window, sidebars).
    Below: a phone's sidebar drawers close after a tap on a link; the download menu offers
    the whole book as one PDF when the site has it; each chapter's widget, drawn ahead,
@@ -125,9 +125,10 @@
   }
 
   // A figure is shown at least as wide as makes its smallest text TEXT_PX (PHONE_TEXT_PX on
-  // a phone): a small figure is drawn larger (it is SVG, sharp at any size), and on a phone
-  // a wide one is not squeezed under that; it scrolls sideways in its own box instead (the
-  // link that opens it at full size), which fades out where it goes on.
+  // a phone): a small figure is drawn larger (it is SVG, sharp at any size), but never wider
+  // than its room, so that it is always whole: no figure scrolls or is cut (issue 44). The
+  // room: the output's width (on a phone with its 1 rem margins, course.css), or the width
+  // of a widget's box of figures.
   function fitFigure(img) {
     var url = img.currentSrc || img.src;
     if (!/\.svg(?:[?#]|$)|^data:image\/svg/i.test(url)) return Promise.resolve();
@@ -136,32 +137,21 @@
       return Promise.resolve();
     }
     return svgSmallestText(url).then(function (svg) {
-      var link = img.closest("a.course-figure-link") || img.parentElement;
-      var output = img.closest("div.cell_output") || link.parentElement;
-      if (!svg || !link || !output) return;
+      var frames = img.closest("div.course-widget-frames");
+      var output = img.closest("div.cell_output");
+      if (!svg || !output) return;
       var phone = window.innerWidth < 576;
       var target = (phone ? PHONE_TEXT_PX : TEXT_PX) + 0.05;
       var natural = img.naturalWidth, ownPx = svg.font * natural / svg.width;
       var wanted = Math.ceil(natural * target / ownPx);
-      link.classList.remove("course-figure-scroll");
       img.style.width = "";
-      // the room: the output's width (on a phone with its 1 rem margins), or inside a
-      // widget the width of the widget's own output box
-      var room = img.closest(".widget-subarea") ? link.clientWidth
-        : output.clientWidth + (phone ? 32 : 0);
+      var room = frames ? frames.clientWidth : output.clientWidth + (phone ? 32 : 0);
       if (room <= 0) return;  // in a closed fold: when it opens
       if (wanted > img.getBoundingClientRect().width + 0.5) {
-        if (wanted <= room || !phone) {
-          img.style.width = Math.min(wanted, room) + "px";
-        } else {
-          img.style.width = wanted + "px";
-          link.classList.add("course-figure-scroll");
-          watchScroll(link);
-        }
+        img.style.width = Math.min(wanted, room) + "px";
       }
       img.dataset.courseTextPx = (ownPx * img.getBoundingClientRect().width / natural)
         .toFixed(2);
-      mark(link);
     });
   }
 
@@ -172,10 +162,20 @@
     return control.type === "checkbox" ? (control.checked ? 1 : 0) : Number(control.value);
   }
 
+  // Its figures are files of the site (tools/course_site.py): the one shown first loads
+  // when the widget comes near the screen (loading="lazy"), the others (data-src) when the
+  // reader reaches for a control, or at the latest when one is shown.
   function siteWidget(box) {
     var controls = Array.prototype.slice.call(box.querySelectorAll("[data-control]"))
       .sort(function (a, b) { return a.dataset.control - b.dataset.control; });
     var frames = box.querySelectorAll("img.course-widget-frame");
+    function load(img) {
+      if (img.dataset.src && !img.getAttribute("src")) img.src = img.dataset.src;
+    }
+    ["pointerenter", "focusin", "touchstart"].forEach(function (type) {
+      box.addEventListener(type, function () { frames.forEach(load); },
+                           {once: true, passive: true});
+    });
     function show() {
       var key = controls.map(widgetValue).join(",");
       controls.forEach(function (control) {
@@ -186,7 +186,10 @@
       });
       frames.forEach(function (img) {
         img.hidden = img.dataset.key !== key;
-        if (!img.hidden) fitFigure(img);
+        if (!img.hidden) {
+          load(img);
+          fitFigure(img);
+        }
       });
     }
     controls.forEach(function (control) {

@@ -5,13 +5,13 @@ it, so notebooks stay short and tests can inspect what was drawn.
 
 Figures are made for the site's 700 px column (at most :data:`COLUMN_WIDTH` inches wide)
 and stay readable on a phone: every text a function draws is at least
-:func:`readable_font_size` of its figure's width, so it is :data:`MIN_TEXT_PX` (9 px) tall
+:func:`readable_font_size` of its figure's width, so it is :data:`MIN_TEXT_PX` (11 px) tall
 or more even where a phone 400 px wide squeezes the figure into the width of its screen
-(``tools/static/course.css``). That is the floor the drawing itself guarantees. The site
-shows every figure larger than that: ``tools/static/course.js`` widens a figure until its
-smallest text is 12 px on a 1280 px screen and 11 px on a 400 px phone (where a figure then
-wider than the screen scrolls sideways in its own box), and ``tests/site_check.py``
-measures both in a browser.
+(``tools/static/course.css``). That floor is what the site needs there: a figure is never
+wider than the screen (no figure scrolls sideways, issue 44), so its text must be readable
+at the screen's width; ``tools/static/course.js`` shows a figure larger where there is room,
+until its smallest text is 12 px on a 1280 px screen and 11 px on a 400 px phone, and
+``tests/site_check.py`` measures both in a browser.
 :func:`use_sharp_figures` makes a notebook show its figures as SVG, with heatmap images
 inside at twice a screen's resolution. Numbers written on cells
 are black or white, whichever contrasts more with the cell's colour (WCAG relative
@@ -49,6 +49,7 @@ __all__ = [
     "plot_heads",
     "plot_mask",
     "plot_training",
+    "raise_small_text",
     "readable_font_size",
     "use_sharp_figures",
     "keep_spaces",
@@ -57,9 +58,11 @@ __all__ = [
 #: The narrowest screen the site is read on, in CSS pixels (a phone held upright).
 PHONE_WIDTH_PX = 400
 #: The smallest text a figure may show on that screen, in CSS pixels, when the figure is
-#: squeezed into the screen's width: what :func:`readable_font_size` guarantees. The site
-#: shows figures larger (text of 11 px on a phone, 12 px at 1280 px: ``course.js``).
-MIN_TEXT_PX = 9.0
+#: squeezed into the screen's width: what :func:`readable_font_size` guarantees, and what
+#: the site measures on a phone (``tests/site_check.py``; 12 px at 1280 px, where a figure
+#: has room to be shown larger: ``course.js``). It was 9 px while a figure too wide for a
+#: phone scrolled sideways at 11 px; issue 44 made every figure whole on the screen.
+MIN_TEXT_PX = 11.0
 #: The margin, in inches, that a notebook's tight bounding box adds on each side of a figure.
 TIGHT_MARGIN = 0.1
 #: The width of the site's content column, in inches (700 px at 100 dpi).
@@ -77,7 +80,7 @@ def readable_font_size(width: float) -> float:
     whole width of the screen, the column's margins included); text must then still be
     :data:`MIN_TEXT_PX` tall. Rounded up to a tenth of a point, so that the browser's own
     rounding cannot take it under. For a figure sized for the site's 700 px column (7 in,
-    saved 7.2 in: 691 px) that is ``9 * 691.2 / 400 * 3 / 4 = 11.66``, so 11.7 pt.
+    saved 7.2 in: 691 px) that is ``11 * 691.2 / 400 * 3 / 4 = 14.26``, so 14.3 pt.
     """
     if isinstance(width, bool) or not isinstance(width, int | float):
         raise TypeError(f"width must be a positive number of inches, got "
@@ -114,7 +117,44 @@ def use_sharp_figures() -> None:
     set_matplotlib_formats("svg", dpi=IMAGE_DPI, metadata={"Date": None})
     formatter = shell.display_formatter.formatters["image/svg+xml"]  # type: ignore[union-attr]
     draw = formatter.lookup_by_type(Figure)
-    formatter.for_type(Figure, lambda figure: keep_spaces(draw(figure)))
+    formatter.for_type(Figure, lambda figure: keep_spaces(draw(raise_small_text(figure))))
+
+
+def raise_small_text(figure: Figure) -> Figure:
+    """Raise every text of ``figure`` under :func:`readable_font_size` of the width the
+    figure is saved at (its tight box) to that size; return the figure (every chapter).
+
+    This module's functions draw no smaller text, but a notebook may add some after them (a
+    ``suptitle``, an ``ax.text``), and a colour bar or legend outside the axes makes the
+    saved figure wider than its ``figsize``, so a phone shrinks it more (issue 44: chapter
+    8's heatmaps showed 10.5 px text at 400 px). A notebook's figures go through this when
+    they are shown (:func:`use_sharp_figures`), and so do a widget's figures drawn ahead;
+    text already large enough is left as it is.
+    """
+    for _ in range(8):  # larger text may widen the tight box: measure again until it holds
+        figure.draw_without_rendering()
+        box = figure.get_tightbbox()
+        if box is None or not box.width > 0:
+            return figure
+        # 2 % over the box measured here: the notebook saves the figure at IMAGE_DPI, where
+        # text measures a little wider (chapter 8's 8.1-inch figure came out at 10.96 px)
+        size = readable_font_size(1.02 * float(box.width))
+        raised = False
+        for ax in figure.axes:  # tick labels through the axis, which makes new ticks alike
+            for labels, name in ((ax.get_xticklabels(which="both"), "x"),
+                                 (ax.get_yticklabels(which="both"), "y")):
+                if any(t.get_text() and float(t.get_fontsize()) < size for t in labels):
+                    ax.tick_params(axis="x" if name == "x" else "y", which="both",
+                                   labelsize=size)
+                    raised = True
+        for text in figure.findobj(Text):
+            if text.get_visible() and text.get_text().strip() and \
+                    float(text.get_fontsize()) < size:
+                text.set_fontsize(size)
+                raised = True
+        if not raised:
+            break
+    return figure
 
 
 def keep_spaces(svg: str | None) -> str | None:
@@ -593,6 +633,7 @@ def _figure_svg(figure: Figure) -> str:
     """``figure`` as the SVG a notebook shows (:func:`use_sharp_figures`): images at
     :data:`IMAGE_DPI`, no date, a fixed salt for ids, so the same figure gives the same bytes."""
     buffer = io.StringIO()
+    raise_small_text(figure)
     with plt.rc_context({"svg.hashsalt": "course_attn", "svg.fonttype": "none"}):
         figure.savefig(buffer, format="svg", bbox_inches="tight", dpi=IMAGE_DPI,
                        metadata={"Date": None})
@@ -671,13 +712,20 @@ def plot_blocks(
     unit = "position" if block_q else "block"
     ax.set_xlabel(f"key {unit}")
     ax.set_ylabel(f"query {unit}")
-    if legend:
-        ax.legend(handles=[Patch(facecolor=c, edgecolor="#999999", label=n)
-                           for c, n in zip(_BLOCK_COLOURS, _BLOCK_NAMES, strict=True)],
-                  loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=7,
-                  borderaxespad=4.5, frameon=False)  # below the axis label, in points
     if title:
         ax.set_title(title)
+    if legend:
+        handles = [Patch(facecolor=c, edgecolor="#999999", label=n)
+                   for c, n in zip(_BLOCK_COLOURS, _BLOCK_NAMES, strict=True)]
+        figure = _figure(ax)
+        for ncol in (3, 1):  # in one row where it fits the figure's width, else one column
+            key = ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                            ncol=ncol, fontsize=7, borderaxespad=4.5,
+                            frameon=False)  # below the axis label, in points
+            _fit_text(ax)
+            figure.draw_without_rendering()  # sizes the legend's texts
+            if key.get_window_extent().width <= figure.bbox.width:
+                break
     _fit_text(ax)
     return ax
 

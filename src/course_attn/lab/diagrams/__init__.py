@@ -8,9 +8,9 @@ and, as the figure's label (``fig.get_label()``), a one-sentence description to 
 text: the first line of the function's docstring.
 
 Text is one size, :data:`FONT` points, chosen so that a diagram squeezed into the width of a
-400 px phone screen still writes no letter under 9 px
-(:func:`course_attn.lab.viz.readable_font_size`); the site shows it larger, with text of
-11 px on a phone and 12 px on a laptop (``tools/static/course.js``).
+400 px phone screen still writes no letter under 11 px
+(:func:`course_attn.lab.viz.readable_font_size`), the size the site measures there; on a
+laptop the site shows it with text of 12 px or more (``tools/static/course.js``).
 Formulas are plain Unicode (``Q Kᵀ / √d_k``), not mathtext, whose sub- and superscripts
 would be drawn at 70 % of that size.
 

@@ -45,12 +45,13 @@ ROLE_COLORS: dict[str, str] = {
 HEAD_COLORS: tuple[str, ...] = ("#77AADD", "#EE8866", "#BBCC33", "#FFAABB")
 
 # A 7-inch figure is 504 pt wide, 518 pt with the 0.1-inch margin a notebook's tight
-# bounding box adds; squeezed to 400 px on a phone, 11.7 pt is then 9.03 px, over the 9 px
-# floor of viz.readable_font_size (the site then shows it larger: 11 px text on a phone, 12 px
-# on a laptop, tools/static/course.js). One size for all text.
-FONT = 11.7
-HEADING = 12.7  # the name of a panel
-TITLE = 14.0
+# bounding box adds; squeezed to 400 px on a phone, 14.3 pt is then 11.03 px, over the 11 px
+# floor of viz.readable_font_size, which is what the site measures there (issue 44: no figure
+# scrolls sideways on a phone; it was 11.7 pt, 9 px, while wide figures scrolled). One size
+# for all text, titles and panel names too (bold): larger ones did not fit a 7-inch figure.
+FONT = 14.3
+HEADING = 14.3  # the name of a panel
+TITLE = 14.3
 DPI = 100
 WIDTH = 7.0  # inches: 700 px at 100 dpi, the width of the site's content column
 INK = "#333333"  # arrows and the edges of circles
@@ -284,7 +285,7 @@ class Sketch:
     def adder(self, name: str, cx: float, cy: float, radius: float = 0.14) -> Box:
         """The "+" of a residual connection."""
         self.ax.add_patch(Circle((cx, cy), radius, facecolor="white", edgecolor=INK, lw=1.3))
-        self.text(cx, cy, "+", 13)
+        self.text(cx, cy, "+", FONT)
         return self.node(name, bounds(cx - radius, cy - radius, cx + radius, cy + radius))
 
     def arrow(self, start: tuple[float, float], end: tuple[float, float],

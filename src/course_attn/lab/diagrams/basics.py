@@ -15,6 +15,7 @@ from matplotlib.patches import Arc, Circle
 
 from ..._validation import check_nonnegative_int
 from ._draw import (
+    FONT,
     HEADING,
     INK,
     NOTE,
@@ -126,7 +127,7 @@ def _pooling_sum(s: Sketch, xs: Sequence[float], top: float, weights: Sequence[f
 def _sum_node(s: Sketch, cx: float, cy: float) -> Box:
     """The "Σ" that adds up the weighted vectors (a named part, ``sum``)."""
     s.ax.add_patch(Circle((cx, cy), 0.2, facecolor="white", edgecolor=INK, lw=1.3))
-    s.text(cx, cy, "Σ", 13)
+    s.text(cx, cy, "Σ", FONT)
     return s.node("sum", bounds(cx - 0.2, cy - 0.2, cx + 0.2, cy + 0.2))
 
 

@@ -95,8 +95,6 @@ def pre_norm_vs_post_norm(attention_label: str = "Multi-head attention",
               "norm": check_label(norm_label, "norm_label", 22)}
 
     box_w = max(1.9, max(text_size(text)[0] for text in labels.values()) + 0.2)
-    height, bottom = 7.3, 1.85
-    s = canvas(height, "Pre-norm and post-norm Transformer blocks")
     panels = (
         (1.45, "pre", "pre-norm (GPT-2, this course)",
          "h = x + Attn(LN(x))\ny = h + FF(LN(h))",
@@ -107,11 +105,20 @@ def pre_norm_vs_post_norm(attention_label: str = "Multi-head attention",
          "every residual sum is normalised: the gradient crosses a norm in every block "
          "(deep stacks need a learning-rate warm-up)"),
     )
-    for cx, kind, title, formulas, note in panels:
-        s.text(cx + 0.2, height - 0.68, title, HEADING, fontweight="bold")
+    # bottom to top: each panel's note, its formulas, the block (x at its foot), its title
+    notes = [wrap(note, 3.2) for *_, note in panels]
+    titles = [wrap(title, 2.8, HEADING) for _, _, title, _, _ in panels]  # bold is wider
+    note_h = max(text_size(note)[1] for note in notes)
+    formulas_y = 0.1 + note_h + 0.15 + text_size(panels[0][3])[1] / 2
+    bottom = formulas_y + text_size(panels[0][3])[1] / 2 + 0.2 + text_size("x")[1]
+    title_h = max(text_size(title, HEADING)[1] for title in titles)
+    height = bottom + 4.75 + title_h + 0.5
+    s = canvas(height, "Pre-norm and post-norm Transformer blocks")
+    for (cx, kind, _, formulas, _), title, note in zip(panels, titles, notes, strict=True):
+        s.text(cx + 0.2, height - 0.5, title, HEADING, fontweight="bold", va="top")
         _block_column(s, f"{kind}: ", cx, bottom, kind, labels, box_w)
-        s.text(cx + 0.2, 1.27, formulas)
-        s.text(cx + 0.2, 0.1, wrap(note, 3.2), va="bottom", color=NOTE)
+        s.text(cx + 0.2, formulas_y, formulas)
+        s.text(cx + 0.2, 0.1, note, va="bottom", color=NOTE)
     s.ax.plot([3.3, 3.3], [0.1, height - 0.5], color="#CCCCCC", lw=1)
     return s.fig
 
@@ -119,7 +126,7 @@ def pre_norm_vs_post_norm(attention_label: str = "Multi-head attention",
 # -------------------------------------------------------- chapter 8: encoder and decoder
 
 _MASK_CELL = 0.09  # the cells of a mask icon
-_ENC_X, _DEC_X, _BUS_X, _STACK_W = 1.62, 4.8, 3.15, 2.2
+_ENC_X, _DEC_X, _BUS_X, _STACK_W = 1.75, 4.95, 3.25, 2.5
 
 
 def _mask_icon(s: Sketch, left: float, cy: float, kind: str) -> None:
@@ -290,7 +297,7 @@ def kv_cache_steps(steps: int = 4) -> Figure:
     legend_h = 0.95
     height = 0.6 + 0.45 + sum(rows) + legend_h
     s = canvas(height, "The KV cache: decoding one token at a time")
-    for cx, name in ((1.75, "with the KV cache"), (5.25, "without: recompute everything")):
+    for cx, name in ((1.75, "with the KV cache"), (5.25, "without: recompute all")):
         s.text(cx, height - 0.65, name, HEADING, fontweight="bold")
     top = height - 1.05
     for t, row_h in zip(range(1, steps + 1), rows, strict=True):

@@ -77,7 +77,7 @@ def _sram(s: Sketch, wires: dict[str, float], current: dict[str, int]) -> None:
     s.arrow((4.65, v[1]), (4.65, acc[3]), "SRAM: V", "SRAM: acc")
 
 
-_FLASH_CODE = """for i in query blocks:          # outer loop: the SMs share it out
+_FLASH_CODE = """for i in query blocks:          # outer loop, over SMs
     load Q_i; m, l, acc = -inf, 0, 0
     for j in key/value blocks:  # inner loop
         load K_j, V_j; S = Q_i K_jᵀ / √d

@@ -42,7 +42,7 @@ __all__ = ["head_split_merge", "multi_head_block", "scaled_dot_product_graph"]
 
 # --------------------------- chapters 4 and 5: the graph of scaled dot-product attention
 
-_SDPA_X, _SDPA_W, _SDPA_STEP = 3.0, 2.5, 0.74
+_SDPA_X, _SDPA_W, _SDPA_STEP = 3.2, 2.5, 0.74
 
 
 def _sdpa_inputs(s: Sketch, top: float) -> None:
@@ -90,9 +90,9 @@ def scaled_dot_product_graph(masked: bool = True) -> Figure:
         s.text(_SDPA_X + 0.12, box["bottom"] - 0.16, leaves, ha="left", color=NOTE)
         previous = [name]
         if name == "mask":
-            s.box("mask input", 0.85, y, 1.5, 0.62, "mask (T_q, T_k)\nTrue: may attend", "mask",
-                  fill=0.2)
-            s.arrow((1.6, y), (box["left"], y), "mask input", "mask")
+            mask = s.box("mask input", 0.88, y, 1.62, 0.86, "mask (T_q, T_k)\nTrue: may\nattend",
+                         "mask", fill=0.2)
+            s.arrow((mask["right"], y), (box["left"], y), "mask input", "mask")
     matmul = s.record.nodes["matmul AV"]
     s.wire([(6.45, s.record.nodes["V"][1]), (6.45, y), (matmul[2], y)], "V", "matmul AV")
     s.box("output", _SDPA_X, y - _SDPA_STEP, 2.0, 0.42, "output (T_q, d_v)", "output")
@@ -161,23 +161,32 @@ def _blocks(s: Sketch, lay: _Layout, top: float, n: int, shape: tuple[int, int],
     return bounds((WIDTH - width) / 2, grid_top - rows * lay.cell, (WIDTH + width) / 2, top)
 
 
+def _header_lines(code: str, shape: str) -> int:
+    """1 where a step's code and the shape it gives share a line, 2 where they do not."""
+    room = WIDTH - 0.2 - text_size(code, family="monospace")[0] - 0.25
+    return 1 if text_size(shape)[0] <= room else 2
+
+
 def _section(s: Sketch, lay: _Layout, name: str, top: float, step: _Step,
              ink: object = "black") -> float:
     """One step: its code on the left and the shape it gives on the right, then its grids
     (the part ``name`` covers both); returns the bottom."""
     code, shape, n, grid_shape, entry, names = step
     s.text(0.1, top, code, ha="left", va="top", family="monospace", color=ink)
-    s.text(WIDTH - 0.1, top, shape, ha="right", va="top", color=ink)
-    grids = _blocks(s, lay, top - text_size(shape)[1] - 0.08, n, grid_shape, entry, names,
+    line = text_size(shape)[1]
+    # the shape on the code's line where both fit, else on a line of its own below
+    shape_top = top - (_header_lines(code, shape) - 1) * line
+    s.text(WIDTH - 0.1, shape_top, shape, ha="right", va="top", color=ink)
+    grids = _blocks(s, lay, shape_top - line - 0.08, n, grid_shape, entry, names,
                     frame=INK if ink == "black" else ink)
     s.node(name, bounds(0.1, grids["bottom"], WIDTH - 0.1, top))
     return grids["bottom"]
 
 
-def _split_sections(s: Sketch, lay: _Layout, top: float) -> float:
-    """x, its view, the transpose (split_heads) and merge_heads; returns the last bottom."""
+def _split_steps(lay: _Layout) -> dict[str, _Step]:
+    """x, its view, the transpose (split_heads) and merge_heads."""
     t, d, h, hd = lay.t, lay.d_model, lay.n_heads, lay.head_dim
-    steps: dict[str, _Step] = {
+    return {
         "x": ("x", shape_text(("B", "T", "D"), (1, t, d)), 1, (t, d), lambda b, r, c: (r, c), None),
         "view": ("x.view(B, T, H, head_dim)",
                  shape_text(("B", "T", "H", "head_dim"), (1, t, h, hd)), t, (h, hd),
@@ -187,8 +196,12 @@ def _split_sections(s: Sketch, lay: _Layout, top: float) -> float:
         "merge": ("merge_heads: .transpose(1, 2).reshape(B, T, D)", "x again  ✓", 1, (t, d),
                   lambda b, r, c: (r, c), None),
     }
+
+
+def _split_sections(s: Sketch, lay: _Layout, top: float) -> float:
+    """The steps of :func:`_split_steps`, one under the other; returns the last bottom."""
     previous = None
-    for name, step in steps.items():
+    for name, step in _split_steps(lay).items():
         bottom = _section(s, lay, name, top, step)
         if previous is not None:  # the arrow crosses the gap between two sections
             s.arrow((0.3, top + lay.gap - 0.04), (0.3, top + 0.02), previous, name)
@@ -196,23 +209,28 @@ def _split_sections(s: Sketch, lay: _Layout, top: float) -> float:
     return top + lay.gap
 
 
-def _wrong_view(s: Sketch, lay: _Layout, top: float) -> None:
+def _wrong_step(lay: _Layout) -> _Step:
     """The pitfall: a view straight to (B, H, T, head_dim) re-reads memory in order."""
     t, d, hd = lay.t, lay.d_model, lay.head_dim
-    bad = shade(ROLE_COLORS["mask"], 0.1)
 
     def wrong(b: int, r: int, c: int) -> tuple[int, int]:
         flat = (b * t + r) * hd + c  # the order in which view() reads the memory
         return flat // d, flat % d
 
-    step: _Step = ("WRONG: x.view(B, H, T, head_dim)",
-                   shape_text(("B", "H", "T", "head_dim"), (1, lay.n_heads, t, hd)) + "  ✗",
-                   lay.n_heads, (t, hd), wrong, ("head", "h"))
-    bottom = _section(s, lay, "wrong", top, step, ink=bad)
-    note = wrap("Without the transpose, view reads the memory in order: head 0 gets token 0's "
-                 "whole vector, then token 1's, ... so heads and positions are mixed (colour: "
-                 "the true head).", WIDTH - 0.2)
-    s.text(0.1, bottom - 0.15, note, ha="left", va="top", color=bad)
+    return ("WRONG: x.view(B, H, T, head_dim)",
+            shape_text(("B", "H", "T", "head_dim"), (1, lay.n_heads, t, hd)) + "  ✗",
+            lay.n_heads, (t, hd), wrong, ("head", "h"))
+
+
+_WRONG_NOTE = ("Without the transpose, view reads the memory in order: head 0 gets token 0's "
+               "whole vector, then token 1's, ... so heads and positions are mixed (colour: "
+               "the true head).")
+
+
+def _wrong_view(s: Sketch, lay: _Layout, top: float) -> None:
+    bad = shade(ROLE_COLORS["mask"], 0.1)
+    bottom = _section(s, lay, "wrong", top, _wrong_step(lay), ink=bad)
+    s.text(0.1, bottom - 0.15, wrap(_WRONG_NOTE, WIDTH - 0.2), ha="left", va="top", color=bad)
 
 
 @diagram
@@ -236,14 +254,17 @@ def head_split_merge(t: int = 3, d_model: int = 8, n_heads: int = 2) -> Figure:
                          f"tokens side by side: use a smaller t or more heads (n_heads)")
 
     area = WIDTH - 0.2
-    cell = min(0.32, (area - (n_heads - 1) * 0.22) / d_model,
-               (area - (t - 1) * 0.14) / (t * head_dim),
-               6.0 / (4 * t + n_heads))  # a tall stack gets smaller cells
+    # a tall stack gets smaller cells, but each holds its number ("47") at the one font size
+    cell = max(min(0.32, (area - (n_heads - 1) * 0.22) / d_model,
+                   (area - (t - 1) * 0.14) / (t * head_dim),
+                   6.0 / (4 * t + n_heads)), text_size("88")[0] + 0.05)
     lay = _Layout(t, d_model, n_heads, head_dim, cell)
     line = text_size("x")[1] + 0.08
     grids = (t + n_heads + t + t + t) * cell + 3 * lay.head_h
-    note_h = text_size("a\nb\nc")[1]
-    height = 0.6 + 5 * line + grids + 4 * lay.gap + 0.3 + note_h + 0.1
+    note_h = text_size(wrap(_WRONG_NOTE, WIDTH - 0.2))[1]
+    headers = sum(_header_lines(step[0], step[1])
+                  for step in [*_split_steps(lay).values(), _wrong_step(lay)])
+    height = 0.6 + headers * line + grids + 4 * lay.gap + 0.3 + note_h + 0.1
     s = canvas(height, "Splitting and merging heads: the memory layout")
     bottom = _split_sections(s, lay, height - 0.6)
     rule_y = bottom - lay.gap / 2 - 0.1
@@ -281,7 +302,10 @@ def multi_head_block(n_heads: int = 4) -> Figure:
     """  # noqa: E501
     n_heads = check_int(n_heads, "n_heads", high=6)
 
-    height = 7.0
+    note = wrap(f"H = {n_heads} heads of head_dim = D / H channels each. Head h computes "
+                "softmax(q_h k_hᵀ / √head_dim) v_h on its own channels; all heads run as one "
+                "batched product.", WIDTH - 0.3)
+    height = 6.7 + text_size(note)[1]  # the layers, then the note under them
     s = canvas(height, "Multi-head attention: split, attend per head, merge")
     y = height - 0.85
     s.label("x", WIDTH / 2, y, "x " + shape_text(("B", "T", "D")), va="top")
@@ -308,8 +332,5 @@ def multi_head_block(n_heads: int = 4) -> Figure:
     s.label("output", WIDTH / 2, out["bottom"] - 0.35, "output " + shape_text(("B", "T", "D")),
             va="top")
     s.arrow((WIDTH / 2, out["bottom"]), (WIDTH / 2, out["bottom"] - 0.31), "out_proj", "output")
-    s.text(0.15, 0.12, wrap(f"H = {n_heads} heads of head_dim = D / H channels each. Head h "
-                             "computes softmax(q_h k_hᵀ / √head_dim) v_h on its own channels; "
-                             "all heads run as one batched product.", WIDTH - 0.3),
-           ha="left", va="bottom", color=NOTE)
+    s.text(0.15, 0.12, note, ha="left", va="bottom", color=NOTE)
     return s.fig

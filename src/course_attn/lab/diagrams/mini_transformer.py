@@ -41,7 +41,7 @@ def _gpt_inputs(s: Sketch, y: float) -> float:
     """Token ids and positions, their two embeddings and the sum; returns the sum's top."""
     for name, cx, label, text in (("embed", 1.15, "idx (B, T)", "embed\nEmbedding(V, D)"),
                                   ("pos", 3.25, "positions 0 … T−1",
-                                   "pos\nEmbedding(T_max, D)")):
+                                   "pos: Embedding\n(T_max, D)")):
         s.label(f"{name} input", cx, y, label, va="bottom")
         box = s.box(name, cx, y + 0.8, 1.95, 0.6, text, "layer")
         s.arrow((cx, y + 0.23), (cx, box["bottom"]), f"{name} input", name)
@@ -134,8 +134,8 @@ def minigpt_architecture(n_layers: int = 2) -> Figure:
     y = _gpt_inputs(s, 0.9)
     _gpt_stack(s, y, n_layers)
     _gpt_block(s, height - 0.65)
-    s.text(0.15, 0.12, "lm_head shares its weight matrix with embed (weight tying, as in "
-           "GPT-2).", ha="left", va="bottom", color=NOTE)
+    s.text(0.15, 0.12, wrap("lm_head shares its weight matrix with embed (weight tying, as "
+                            "in GPT-2).", WIDTH - 0.3), ha="left", va="bottom", color=NOTE)
     return s.fig
 
 

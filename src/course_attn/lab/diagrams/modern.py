@@ -27,6 +27,7 @@ from ._draw import (
     point,
     shade,
     shape_text,
+    text_size,
     tint,
     vector,
     wrap,
@@ -161,7 +162,7 @@ def _mla_cache(s: Sketch, y: float, rope: bool) -> None:
     if rope:
         parts.append(("k_rope_proj", 5.75, "k_rope_proj\n+ RoPE", "key"))
     for name, cx, text, role in parts:
-        s.box(name, cx, y, 1.8 if name == "kv_down" else 1.6, 0.6, text, role)
+        s.box(name, cx, y, 1.95 if name == "kv_down" else 1.6, 0.6, text, role)
         s.arrow((WIDTH / 2 + (cx - 3.5) / 5, x[1] - 0.03), (cx, y + 0.3), "x", name)
     cached = [("c_kv", 3.3, "latent c\n(B, T, d_latent)", "input", "kv_down")]
     if rope:
@@ -188,10 +189,10 @@ def _mla_heads(s: Sketch, y: float, rope: bool) -> None:
         s.arrow(((c[0] + c[2]) / 2 + (cx - 3.35) / 4, c[1]), (cx, up["top"]), "c_kv", name)
         s.box(rebuilt, cx, y - 0.4, 1.4, 0.42, f"{rebuilt}: H heads", role)
         s.arrow((cx, up["bottom"]), (cx, y - 0.19), name, rebuilt)
-    att = s.box("attention", WIDTH / 2, y - 1.35, WIDTH - 0.5, 0.62,
-                "attention, each head h: softmax((q_h·k_h" + (" + q_rope,h·k_rope" if rope
-                                                               else "") + ") / √width) v_h",
-                "weights")
+    formula = "softmax((q_h·k_h" + (" + q_rope,h·k_rope" if rope else "") + ") / √width) v_h"
+    one_line = text_size(f"attention, each head h: {formula}")[0] <= WIDTH - 0.7
+    att = s.box("attention", WIDTH / 2, y - 1.35, WIDTH - 0.5, 0.62 if one_line else 0.86,
+                "attention, each head h:" + (" " if one_line else "\n") + formula, "weights")
     sources = [("Q", 0.95), ("K", 2.55), ("V", 4.15)] + ([("k_rope", 5.75)] if rope else [])
     for name, cx in sources:
         s.arrow((cx, s.record.nodes[name][1]), (cx, att["top"]), name, "attention")
@@ -210,17 +211,17 @@ def mla_latent_cache(decoupled_rope: bool = True) -> Figure:
     """  # noqa: E501
     rope = check_bool(decoupled_rope, "decoupled_rope")
 
-    height = 7.8
+    width = "head_dim + d_rope" if rope else "head_dim"
+    note = wrap(f"Cached per token and layer: d_latent{' + d_rope' if rope else ''} numbers "
+                f"instead of 2 × H × head_dim; √width = √({width}). Decoding with absorb=True "
+                "folds k_up into the query and v_up into out_proj, so K and V are never "
+                "rebuilt.", WIDTH - 0.3)
+    height = 6.9 + text_size(note)[1]  # the drawing, then the note under it
     s = canvas(height, "Multi-head latent attention: cache a small latent")
     s.label("x", WIDTH / 2, height - 0.8, "x " + shape_text(("B", "T", "D")), va="top")
     _mla_cache(s, height - 1.75, rope)
     _mla_heads(s, height - 4.3, rope)
-    width = "head_dim + d_rope" if rope else "head_dim"
-    s.text(0.15, 0.12, wrap(f"Cached per token and layer: d_latent{' + d_rope' if rope else ''} "
-                             f"numbers instead of 2 × H × head_dim; √width = √({width}). "
-                             "Decoding with absorb=True folds k_up into the query and v_up "
-                             "into out_proj, so K and V are never rebuilt.", WIDTH - 0.3),
-           ha="left", va="bottom", color=NOTE)
+    s.text(0.15, 0.12, note, ha="left", va="bottom", color=NOTE)
     return s.fig
 
 
@@ -261,7 +262,7 @@ def rolling_kv_cache(window: int = 4, steps: int = 7) -> Figure:
     window = check_int(window, "window", low=2, high=6)
     steps = check_int(steps, "steps", high=12)
 
-    cell = min(0.62, 3.0 / window)
+    cell = min(0.62, 2.5 / window)  # the note after the slots fits the width
     height = 0.6 + 0.5 + steps * 0.34 + 0.2 + 0.65
     s = canvas(height, f"The rolling KV cache: {window} slots, position p in slot p mod W")
     top = height - 0.95
