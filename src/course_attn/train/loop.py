@@ -29,7 +29,6 @@ import dataclasses
 import math
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -63,6 +62,7 @@ from .outputs import METRICS_FORMAT
 from .presets import PRESETS, check_preset_device
 from .resume import RESUME_MAY_CHANGE as RESUME_MAY_CHANGE  # re-exported
 from .resume import check_resume
+from .stopping import signals_recorded
 
 __all__ = [
     "GPU_PEAK_FLOPS",
@@ -540,29 +540,6 @@ def _check_stop(message: object, result: object, checkpoint_iter: object) -> Non
         raise TypeError(f"result must be a TrainResult, got {type(result).__name__}")
     if checkpoint_iter is not None:
         check_positive_int(checkpoint_iter, "checkpoint_iter")
-
-
-@contextlib.contextmanager
-def signals_recorded(stop: list[int]) -> Iterator[None]:
-    """Record SIGINT or SIGTERM in ``stop`` instead of dying; a second one kills at once."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers (a run in a worker thread: none)
-        return
-    kinds = (signal.SIGINT, signal.SIGTERM)
-    before = {kind: signal.getsignal(kind) for kind in kinds}
-
-    def record(signum: int, frame: object) -> None:
-        stop.append(signum)
-        for kind in kinds:  # the next signal takes its default course: the process stops
-            signal.signal(kind, signal.SIG_DFL)
-
-    for kind in kinds:
-        signal.signal(kind, record)
-    try:
-        yield
-    finally:
-        for kind, handler in before.items():
-            signal.signal(kind, handler)
 
 
 #: What :func:`train` calls after each evaluation: ``on_eval(iteration, model, result)``.
