@@ -400,7 +400,9 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace, model: Min
         saved, _ = _save_metrics(args, {**_metrics(args, model, config, error.result, meta),
                                         "stopped_at_iter": len(error.result.train_losses)},
                                  world, always=True)
-        cure = " Free some space or make the folder writable (or choose another --out)"
+        cure = (" Move the folder at --out away (or choose another --out)"
+                if args.out is not None and Path(args.out).is_dir()
+                else " Free some space or make the folder writable (or choose another --out)")
         how = (f"{cure}, then continue: {_resume_command(args, argv, world)}"
                if error.checkpoint_iter is not None else f"{cure}, then start again.")
         if world.main:

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -761,14 +763,17 @@ class _Run:
         failed = self._write_checkpoint(done) if self.world.main else None
         if any_rank(failed is not None, self.world, self.device):
             self._finish()
-            kept = (f"the checkpoint of iteration {self.saved_iter} is kept there"
+            # A path that became a folder holds no checkpoint of this run any more.
+            gone = failed is not None and failed.errno == errno.EISDIR
+            kept = ("the path is a folder now: no checkpoint of this run is there" if gone
+                    else f"the checkpoint of iteration {self.saved_iter} is kept there"
                     if self.saved_iter is not None else "no checkpoint of this run was written")
             reason = (f"{failed.strerror or failed}" if failed is not None
                       else "process 0 could not write it")
             raise CheckpointWriteError(
                 f"could not write the checkpoint {str(self.checkpoint_path)!r} after iteration "
                 f"{done}: {reason}; {kept}", result=self.result,
-                checkpoint_iter=self.saved_iter)
+                checkpoint_iter=None if gone else self.saved_iter)
         self.saved_iter = done
 
     def _write_checkpoint(self, done: int) -> OSError | None:
@@ -780,6 +785,9 @@ class _Run:
             optimizer=self.optimizer, scaler=self.scaler, generator=self.generator,
             device=self.device, iteration=done, history=history, meta=self.meta)
         assert self.checkpoint_path is not None  # _save runs only with a path
+        path = Path(self.checkpoint_path)
+        if path.is_dir():  # it became a folder during the run: a write that fails, not a mistake
+            return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         try:  # save_checkpoint's one writer makes every failure an OSError with its cause
             save_checkpoint(self.checkpoint_path, checkpoint)
         except OSError as error:
