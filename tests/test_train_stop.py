@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from course_attn.train import load_checkpoint
+from course_attn.train.stopping import SignalOwner, StopRequested, signals_recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
@@ -120,7 +121,74 @@ def interrupted_at(files: dict[str, Path], line: str, sig: signal.Signals) -> in
     return iteration
 
 
+# ------------------------------------------------------------ the owner itself
+def signal_self(sig: signal.Signals, record: list[int]) -> None:
+    """Send ``sig`` to this process and wait for its Python handler to record it."""
+    os.kill(os.getpid(), sig)
+    deadline = time.monotonic() + 5
+    while not record and time.monotonic() < deadline:
+        time.sleep(0.001)  # the handler runs in the main thread, between bytecodes
+
+
+def test_a_loop_that_starts_after_the_signal_still_sees_it():
+    before = signal.getsignal(signal.SIGTERM)
+    with SignalOwner() as owner:
+        signal_self(signal.SIGTERM, owner.received)
+        loop: list[int] = []
+        with signals_recorded(loop):  # as train()'s loop does, after the signal
+            assert loop == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # a second one kills
+    assert signal.getsignal(signal.SIGTERM) is before  # put back
+
+
+def test_at_once_stops_the_work_in_hand_and_deferred_waits_for_its_block():
+    with SignalOwner() as owner:
+        with pytest.raises(StopRequested) as info, owner.at_once("before training"):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)  # cut short by the signal
+        assert str(info.value) == "stopped by SIGINT before training"
+        assert info.value.signum == signal.SIGINT
+    with SignalOwner() as owner, pytest.raises(StopRequested):
+        with owner.at_once("before training"):
+            with owner.deferred():
+                signal_self(signal.SIGINT, owner.received)
+                finished = True  # the deferred block runs to its end
+            pytest.fail("the signal should stop the command after the deferred block")
+    assert finished
+
+
 # ------------------------------------------------------------ before training
+def catches_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a handler for SIGTERM (Linux: /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
+def test_a_signal_while_python_still_imports_torch_stops_at_once(files, way):
+    """Before main's first line: the package's first import owns the signals
+    (course_attn/_early_stop.py), before torch is imported. Python's own KeyboardInterrupt
+    there printed a traceback, and code inside the import could swallow it."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "course_attn.train", *outputs(files, 100_000)], cwd=ROOT,
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not catches_sigterm(process.pid):  # the handler is in place: torch comes next
+        assert process.poll() is None and time.monotonic() < deadline, "no handler"
+        time.sleep(0.001)
+    process.send_signal(way)
+    start = time.monotonic()
+    out, err = process.communicate(timeout=3 * BOUND)
+    done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    line = one_line(done, way, time.monotonic() - start)
+    assert line.endswith(f"stopped by {way.name} before training; nothing was written.")
+    assert out == "" and sorted(p.name for p in files["folder"].iterdir()) == ["corpus.txt"]
+
+
 def test_a_signal_while_the_data_loads_stops_at_once_with_nothing_written(files, way):
     done, seconds = stopped("loading the data", way, *outputs(files, 100_000))
     line = one_line(done, way, seconds)
@@ -131,11 +199,13 @@ def test_a_signal_while_the_data_loads_stops_at_once_with_nothing_written(files,
 
 def test_a_signal_after_the_model_line_is_not_lost(files, way):
     """The issue's case: after the model line, before the loop, the signal was recorded
-    where the loop never looked, and the run went on to its last iteration."""
+    where the loop never looked, and the run went on to its last iteration. Now train()
+    finds it as it sets up (nothing written yet) and stops at once."""
     done, seconds = stopped("after the model line", way, *outputs(files, 100_000))
     line = one_line(done, way, seconds)
     assert done.stdout.startswith("MiniGPT: ")
-    assert interrupted_at(files, line, way) == 1  # the step in hand when the loop started
+    assert line.endswith(f"stopped by {way.name} before training; nothing was written.")
+    assert sorted(p.name for p in files["folder"].iterdir()) == ["corpus.txt"]
 
 
 # ------------------------------------------------------------ during training

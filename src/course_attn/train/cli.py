@@ -13,7 +13,8 @@ output paths (and the room on their disks) are checked first, and the metrics
 are written before sampling.
 
 Exit codes: 0 done; 2 a mistake in the command line, the files or the settings
-(or a run that diverged); 130 and 143 stopped by SIGINT or SIGTERM;
+(or a run that diverged); 130 and 143 stopped by SIGINT or SIGTERM, at any moment
+(:mod:`~course_attn.train.stopping`);
 74 (:data:`~course_attn.train.outputs.EXIT_WRITE_FAILED`) a file of the run could not
 be written (a disk that filled up, a folder that turned read-only): the last good
 checkpoint is kept, the metrics so far are written where they can be (the
@@ -58,7 +59,7 @@ from .loop import (
 )
 from .outputs import EXIT_WRITE_FAILED, check_metrics_path, printed, same_file, save_metrics
 from .presets import PRESETS, check_preset_device
-from .stopping import SignalOwner, StopRequested
+from .stopping import AFTER_TRAINING, BEFORE_TRAINING, SignalOwner, StopRequested
 
 __all__ = ["build_parser", "main"]
 
@@ -118,10 +119,14 @@ examples:
       (two processes, gloo on a CPU, NCCL on GPUs: data parallelism; the global
       batch above is 6 x 1 x 2 = 12, the cpu preset's)
 
-Ctrl-C or SIGTERM stops at the end of the current step (under torchrun, of the
-step where the processes next read their losses back, within 10 steps): the
-checkpoint (--out) and the metrics so far are written, and the command to resume
-is printed (exit 130 or 143). A second Ctrl-C stops at once.
+Ctrl-C or SIGTERM stops the command whenever it comes (exit 130 or 143, one
+line): before training (reading the data, building the model) at once, with
+nothing written; during training at the end of the step, evaluation or
+checkpoint in hand (under torchrun, of the step where the processes next read
+their losses back, within 10 steps; one before the loop, after the first step),
+with the checkpoint (--out) and the metrics so far written and the command to
+resume printed; after training (the sample) at once, its files written. A
+second Ctrl-C stops at once.
 
 A disk that fills up or a folder that turns read-only stops the run at the next
 checkpoint with one message and exit code 74: the last good checkpoint is kept,
@@ -435,11 +440,6 @@ def _report(args: argparse.Namespace, model: MiniGPT, data: BatchSource, config:
         sample = model.generate(prompt, args.samples, top_k=min(10, tokenizer.vocab_size),
                                 generator=generator)
         print("sample:\n" + tokenizer.decode(sample[0, 1:].cpu()))
-
-
-#: What the command is doing when a signal stops it at once (:class:`StopRequested`).
-BEFORE_TRAINING = "before training; nothing was written"
-AFTER_TRAINING = "after training; its files are written"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -64,7 +64,7 @@ from .outputs import METRICS_FORMAT
 from .presets import PRESETS, check_preset_device
 from .resume import RESUME_MAY_CHANGE as RESUME_MAY_CHANGE  # re-exported
 from .resume import check_resume
-from .stopping import signals_recorded
+from .stopping import BEFORE_TRAINING, signals_recorded, stop_at_once
 
 __all__ = [
     "GPU_PEAK_FLOPS",
@@ -916,8 +916,13 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     if checkpoint_path is not None:  # the path, and room on its disk for one checkpoint
         check_checkpoint_room(check_checkpoint_path(checkpoint_path, "checkpoint_path"),
                               "checkpoint_path", model)
-    run = _Run(model, data, config, checkpoint_path=checkpoint_path,
-               meta={**meta, "world_size": world_from_env().size}, on_eval=on_eval)
+    world = world_from_env()
+    # Setting up writes nothing and may take long (the optimizer's first import of
+    # torch._dynamo: seconds, a minute on a busy machine). Under the command line's signal
+    # owner a signal here stops at once; several processes go on to agree after a step.
+    with stop_at_once(BEFORE_TRAINING) if world.size == 1 else contextlib.nullcontext():
+        run = _Run(model, data, config, checkpoint_path=checkpoint_path,
+                   meta={**meta, "world_size": world.size}, on_eval=on_eval)
     try:
         if checkpoint is not None:
             run.restore(checkpoint)

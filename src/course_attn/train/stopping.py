@@ -5,14 +5,16 @@ asks a run to stop with SIGINT or SIGTERM, often once, then kills it after a gra
 period. So a signal must never be lost, whenever it comes, and the run must stop as
 soon as the work in hand allows:
 
-* while nothing is worth saving (the command reads its data and builds its model, or
-  samples after its files are written), at once: :meth:`SignalOwner.at_once` turns the
-  signal into :class:`StopRequested`, raised where the program is;
+* while nothing is worth saving (the command reads its data and builds its model,
+  :func:`~course_attn.train.train` sets up, or the command samples after its files are
+  written), at once: :meth:`SignalOwner.at_once` (:func:`stop_at_once`) turns the signal
+  into :class:`StopRequested`, raised where the program is;
 * while training, at the end of the step, evaluation or checkpoint in hand: the signal
   is recorded, and the loop (:func:`~course_attn.train.train`) reads the record.
 
 :class:`SignalOwner` installs one handler for the whole command (``python -m
-course_attn.train``'s ``main``, from its first line to its last write). The loop asks
+course_attn.train``'s ``main``, from its first line to its last write; before it, while
+Python imports torch, :mod:`course_attn._early_stop` stands in for it). The loop asks
 for the record with :func:`signals_recorded`: under an owner it listens to the owner's
 record, signals that came before the loop started included; alone (``train()`` called
 from a notebook) it owns the signals for the time of the loop. A second signal takes
@@ -28,10 +30,16 @@ from collections.abc import Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["SignalOwner", "StopRequested", "signals_recorded"]
+from .._early_stop import RECEIVED as early_signals
+
+__all__ = ["SignalOwner", "StopRequested", "signals_recorded", "stop_at_once"]
 
 #: The signals that ask a run to stop.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: What a command is doing when a signal stops it at once: the ``when`` of
+#: :class:`StopRequested` before the first training step, and after the files are written.
+BEFORE_TRAINING = "before training; nothing was written"
+AFTER_TRAINING = "after training; its files are written"
 
 
 class StopRequested(BaseException):
@@ -75,6 +83,7 @@ class SignalOwner:
         self._before: dict[int, Any] = {}  # the handlers to put back (main thread only)
 
     def __enter__(self) -> SignalOwner:
+        self.received.extend(early_signals)  # while the command was still importing torch
         if threading.current_thread() is threading.main_thread():
             self._before = {kind: signal.getsignal(kind) for kind in STOP_SIGNALS}
             for kind in STOP_SIGNALS:
@@ -135,6 +144,17 @@ class SignalOwner:
             yield
         finally:
             self._listeners.remove(record)
+
+
+@contextlib.contextmanager
+def stop_at_once(when: str) -> Iterator[None]:
+    """Under a :class:`SignalOwner`, its :meth:`~SignalOwner.at_once`: a signal in the block
+    raises :class:`StopRequested`. Alone, nothing: a signal takes its usual course."""
+    if not _OWNERS:
+        yield
+        return
+    with _OWNERS[-1].at_once(when):
+        yield
 
 
 @contextlib.contextmanager
