@@ -73,15 +73,24 @@ def stopped(stage: str, sig: signal.Signals, *args: str, launcher: tuple[str, ..
         if sum(line.startswith("stage: ") for line in lines) == announcements:
             break
     assert sum(line.startswith("stage: ") for line in lines) == announcements, "".join(lines)
+    done, seconds = signalled(process, sig)
+    err = "".join(line for line in [*lines, done.stderr] if not line.startswith("stage: "))
+    return subprocess.CompletedProcess(process.args, done.returncode, done.stdout, err), seconds
+
+
+def signalled(process: subprocess.Popen, sig: signal.Signals
+              ) -> tuple[subprocess.CompletedProcess, float]:
+    """Send ``sig``; the process once ended, and the seconds it took. A lost signal would
+    let the run go on: it is killed (its session, torchrun's workers too) well after the
+    bound."""
     process.send_signal(sig)
     start = time.monotonic()
-    try:  # a lost signal would let the run go on: kill it well after the bound
+    try:
         out, err = process.communicate(timeout=3 * BOUND)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
     seconds = time.monotonic() - start
-    err = "".join(line for line in [*lines, err] if not line.startswith("stage: "))
     return subprocess.CompletedProcess(process.args, process.returncode, out, err), seconds
 
 
@@ -175,18 +184,17 @@ def test_a_signal_while_python_still_imports_torch_stops_at_once(files, way):
     there printed a traceback, and code inside the import could swallow it."""
     process = subprocess.Popen(
         [sys.executable, "-m", "course_attn.train", *outputs(files, 100_000)], cwd=ROOT,
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
     deadline = time.monotonic() + 60
-    while not catches_sigterm(process.pid):  # the handler is in place: torch comes next
-        assert process.poll() is None and time.monotonic() < deadline, "no handler"
-        time.sleep(0.001)
-    process.send_signal(way)
-    start = time.monotonic()
-    out, err = process.communicate(timeout=3 * BOUND)
-    done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
-    line = one_line(done, way, time.monotonic() - start)
+    while (process.poll() is None and not catches_sigterm(process.pid)
+           and time.monotonic() < deadline):
+        time.sleep(0.001)  # once the handler is in place, torch comes next
+    done, seconds = signalled(process, way)
+    line = one_line(done, way, seconds)
     assert line.endswith(f"stopped by {way.name} before training; nothing was written.")
-    assert out == "" and sorted(p.name for p in files["folder"].iterdir()) == ["corpus.txt"]
+    assert done.stdout == ""
+    assert sorted(p.name for p in files["folder"].iterdir()) == ["corpus.txt"]
 
 
 def test_a_signal_while_the_data_loads_stops_at_once_with_nothing_written(files, way):
