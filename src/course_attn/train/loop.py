@@ -864,6 +864,21 @@ def _refuse_checkpoints(model: object, checkpoint_path: object, resume_from: obj
                              f"resuming cover only the MiniGPT so far, got {value!r}")
 
 
+def _set_up(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
+            config: TrainConfig, checkpoint_path: str | os.PathLike[str] | None,
+            meta: dict[str, Any], on_eval: OnEval | None) -> _Run:
+    """The run's moving parts (:class:`_Run`), before its first step.
+
+    Setting up writes nothing and may take long (the optimizer's first import of
+    torch._dynamo: seconds, a minute on a busy machine). Under the command line's signal
+    owner a signal here stops at once; several processes go on to agree after a step.
+    """
+    world = world_from_env()
+    with stop_at_once(BEFORE_TRAINING) if world.size == 1 else contextlib.nullcontext():
+        return _Run(model, data, config, checkpoint_path=checkpoint_path,
+                    meta={**meta, "world_size": world.size}, on_eval=on_eval)
+
+
 def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
           config: TrainConfig, *,
           checkpoint_path: str | os.PathLike[str] | None = None,
@@ -916,13 +931,7 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     if checkpoint_path is not None:  # the path, and room on its disk for one checkpoint
         check_checkpoint_room(check_checkpoint_path(checkpoint_path, "checkpoint_path"),
                               "checkpoint_path", model)
-    world = world_from_env()
-    # Setting up writes nothing and may take long (the optimizer's first import of
-    # torch._dynamo: seconds, a minute on a busy machine). Under the command line's signal
-    # owner a signal here stops at once; several processes go on to agree after a step.
-    with stop_at_once(BEFORE_TRAINING) if world.size == 1 else contextlib.nullcontext():
-        run = _Run(model, data, config, checkpoint_path=checkpoint_path,
-                   meta={**meta, "world_size": world.size}, on_eval=on_eval)
+    run = _set_up(model, data, config, checkpoint_path, meta, on_eval)
     try:
         if checkpoint is not None:
             run.restore(checkpoint)
