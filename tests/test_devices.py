@@ -294,3 +294,170 @@ def test_seed_everything_checks_the_range_torch_accepts():
     with pytest.raises(TypeError, match=r"^seed must be an int"):
         seed_everything(1.5)
     seed_everything(0)  # leave the global RNGs in a known state
+
+
+# ------------------------------- masks, positions and caches on another device (issue 41)
+# A layer's or model's door refuses a mask, bias, position or cache on another device than
+# its inputs, as it refuses the inputs themselves: a ValueError that names both devices and
+# the fix. (Before, masks were copied over at every call, and one on meta, like one on a GPU
+# for a CPU model, failed inside torch: "Cannot copy out of meta tensor".)
+CPU = torch.device("cpu")
+
+
+def _filled(cache, batch: int, device: torch.device, heads: int = 2, head_dim: int = 8):
+    cache.update(torch.zeros(batch, heads, 3, head_dim, device=device),
+                 torch.zeros(batch, heads, 3, head_dim, device=device))
+    return cache
+
+
+def _layer_calls(inputs: torch.device, other: torch.device) -> dict:
+    """Each call of a layer or model whose named argument is on ``other``, the rest on
+    ``inputs``: name -> (the call, the argument's name)."""
+    from course_attn.core.kv_cache import CrossKVCache, KVCache
+    from course_attn.modern.latent import MultiHeadLatentAttention
+
+    with inputs:
+        mha = MultiHeadAttention(16, 2)
+        block = TransformerBlock(16, 2, cross_attention=True)
+        gpt = MiniGPT(GPTConfig(vocab_size=V, context_length=8, n_layers=1, n_heads=2,
+                                d_model=16))
+        seq2seq = EncoderDecoder(EncoderDecoderConfig(src_vocab_size=V, tgt_vocab_size=V,
+                                                      d_model=16, n_heads=2, n_layers=1))
+        latent = MultiHeadLatentAttention(16, 2, 4, d_rope=2)
+        positional = PositionalEncoding(16, context_length=8)
+    x = torch.zeros(2, T, 16, device=inputs)
+    idx = torch.zeros(2, T, dtype=torch.long, device=inputs)
+    real = torch.ones(2, T, dtype=torch.bool, device=other)  # (B, T)
+    pairs = torch.ones(T, T, dtype=torch.bool, device=other)  # (T, T)
+    return {
+        "MultiHeadAttention attention_mask": (lambda: mha(x, attention_mask=real),
+                                              "attention_mask"),
+        "MultiHeadAttention mask": (lambda: mha(x, mask=pairs), "mask"),
+        "MultiHeadAttention bias": (lambda: mha(x, bias=torch.zeros(T, T, device=other)),
+                                    "bias"),
+        "MultiHeadAttention KVCache": (lambda: mha(x[:, :1], cache=_filled(KVCache(), 2, other)),
+                                       "cache"),
+        "MultiHeadAttention CrossKVCache": (
+            lambda: mha(x, x, x, cache=_filled(CrossKVCache(), 2, other)), "cache"),
+        "TransformerBlock attention_mask": (lambda: block(x, attention_mask=real, memory=x),
+                                            "attention_mask"),
+        "TransformerBlock memory_attention_mask": (
+            lambda: block(x, memory=x, memory_attention_mask=real), "memory_attention_mask"),
+        "TransformerBlock memory": (
+            lambda: block(x, memory=torch.zeros(2, T, 16, device=other)), "memory"),
+        "MiniGPT attention_mask": (lambda: gpt(idx, attention_mask=real), "attention_mask"),
+        "MiniGPT caches": (lambda: gpt(idx[:, :1], caches=[_filled(KVCache(), 2, other)]),
+                           "caches[0]"),
+        "MiniGPT.generate attention_mask": (lambda: gpt.generate(idx, 1, attention_mask=real),
+                                            "attention_mask"),
+        "attention_maps attention_mask": (lambda: attention_maps(gpt, idx, attention_mask=real),
+                                          "attention_mask"),
+        "EncoderDecoder src_attention_mask": (
+            lambda: seq2seq(idx, idx, src_attention_mask=real), "src_attention_mask"),
+        "EncoderDecoder tgt_attention_mask": (
+            lambda: seq2seq(idx, idx, tgt_attention_mask=real), "tgt_attention_mask"),
+        "greedy_decode memory_attention_mask": (
+            lambda: seq2seq.greedy_decode(idx, idx[:, :1], 1, memory_attention_mask=real),
+            "memory_attention_mask"),
+        "greedy_decode prompt_attention_mask": (
+            lambda: seq2seq.greedy_decode(idx, idx[:, :1], 1,
+                                          prompt_attention_mask=real[:, :1]),
+            "prompt_attention_mask"),
+        "MultiHeadLatentAttention attention_mask": (lambda: latent(x, attention_mask=real),
+                                                    "attention_mask"),
+        "MultiHeadLatentAttention positions": (
+            lambda: latent(x, positions=torch.arange(T, device=other)), "positions"),
+        "PositionalEncoding positions": (
+            lambda: positional(x, torch.arange(T, device=other)), "positions"),
+    }
+
+
+@pytest.mark.parametrize(("inputs", "other"), [(CPU, META), (META, CPU)])
+@pytest.mark.parametrize("case", list(_layer_calls(CPU, META)))
+def test_a_layer_refuses_a_mask_position_or_cache_on_another_device(case, inputs, other):
+    call, name = _layer_calls(inputs, other)[case]
+    with pytest.raises(ValueError) as info:
+        call()
+    message = str(info.value)
+    assert message.startswith(f"{name} ") and f"on {other}" in message, message
+    assert f"on {inputs}" in message and (".to(" in message or "reset()" in message), message
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_a_cache_of_another_batch_names_both_sizes(batch):
+    """At the door (a model's cache list) and in KVCache.update itself, which checks
+    nothing but turns torch.cat's own failure into the message, the cache left as it was."""
+    from course_attn.core.kv_cache import KVCache
+
+    with pytest.raises(ValueError, match=rf"caches\[0\] holds \(B, H, head_dim\)=\({batch}, 2, "
+                                         r"8\) but the new keys have \(2, 2, 8\)"):
+        meta_gpt("sdpa")(ids(time=1), caches=[_filled(KVCache(), batch, META) for _ in "ab"])
+    cache = _filled(KVCache(), batch, CPU)
+    held = cache.k
+    with pytest.raises(ValueError) as info:
+        cache.update(torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8))
+    assert f"=({batch}, 2, 3, 8) on cpu but the new keys are (2, 2, 1, 8) on cpu" in str(
+        info.value) and "reset()" in str(info.value)
+    assert cache.k is held  # unchanged
+    with pytest.raises(ValueError, match="on cpu but the new keys are .* on meta"):
+        cache.update(torch.zeros(batch, 2, 1, 8, device=META),
+                     torch.zeros(batch, 2, 1, 8, device=META))
+
+
+def test_a_generator_elsewhere_than_the_model_or_the_cpu_is_refused():
+    with pytest.raises(ValueError, match="generator is on cpu but idx is on meta; pass "
+                                         "generator=None"):
+        meta_gpt("sdpa").generate(ids(), 1, temperature=1.0, generator=torch.Generator())
+
+
+def _function_calls() -> dict:
+    """Each chapter function given a mask, bias, slopes or positions on meta and its inputs
+    on the CPU: name -> (the call, the argument's name). From the CPU they follow the
+    inputs (test_attention_function_on_meta_with_a_mask_built_on_the_cpu); from meta,
+    which holds no values, they cannot."""
+    from course_attn import (
+        alibi_attention,
+        alibi_slopes,
+        apply_rope,
+        combine_masks,
+        linear_attention,
+        linear_attention_recurrent,
+        sliding_window_attention,
+    )
+
+    q = torch.zeros(2, 2, T, 8)
+    on_meta = torch.ones(T, T, dtype=torch.bool, device=META)
+    real = torch.ones(2, T, dtype=torch.bool, device=META)
+    return {
+        "attention mask": (lambda: attention(q, q, q, on_meta), "mask"),
+        "attention bias": (lambda: attention(q, q, q, bias=torch.zeros(T, T, device=META)),
+                           "bias"),
+        "alibi_attention slopes": (lambda: alibi_attention(q, q, q, alibi_slopes(2, device=META)),
+                                   "slopes"),
+        "sliding_window_attention mask": (
+            lambda: sliding_window_attention(q, q, q, on_meta, window=2), "mask"),
+        "linear_attention mask": (lambda: linear_attention(q, q, q, on_meta), "mask"),
+        "linear_attention_recurrent attention_mask": (
+            lambda: linear_attention_recurrent(q, q, q, attention_mask=real), "attention_mask"),
+        "apply_rope positions": (lambda: apply_rope(q, torch.arange(T, device=META)),
+                                 "positions"),
+        "combine_masks mask": (lambda: combine_masks(T, T, mask=on_meta, device="cpu"), "mask"),
+        "padding_mask lengths": (
+            lambda: padding_mask(torch.tensor([3, 5], device=META), T, device="cpu"),
+            "lengths"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_function_calls()))
+def test_a_function_cannot_copy_a_mask_or_positions_out_of_meta(case):
+    call, name = _function_calls()[case]
+    with pytest.raises(ValueError) as info:
+        call()
+    assert str(info.value).startswith(f"{name} is on meta (shapes only, no values to copy) "
+                                      "but ") and "on cpu; make" in str(info.value)
+
+
+def test_padding_mask_of_lengths_on_meta_needs_max_len():
+    with pytest.raises(ValueError, match="lengths are on meta.*give max_len"):
+        padding_mask(torch.tensor([3, 5], device=META))
+    assert padding_mask(torch.tensor([3, 5], device=META), T).shape == (2, T)

@@ -174,7 +174,8 @@ def test_the_device_check_runs_at_the_models_door_not_in_every_layer(monkeypatch
         calls["n"] = 0
         model(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
         counts.append(calls["n"])
-    assert counts == [2, 2]  # the encoder's door and the decoder's, whatever the depth
+    # the encoder's door (src) and the decoder's (tgt, memory), whatever the depth
+    assert counts == [3, 3]
     calls["n"] = 0
     model.greedy_decode(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long),
                         6)

@@ -148,7 +148,7 @@ def test_forward_backward_and_cache_on_meta(absorb):
     with torch.device("meta"):
         layer = MultiHeadLatentAttention(D, H, L, d_rope=4, bias=True)
     x = torch.randn(2, 5, D, device="meta")
-    keys = padding_mask([5, 3], 5, side="left")  # made on the CPU
+    keys = padding_mask([5, 3], 5, side="left", device="meta")  # on x's device (issue 41)
     out = layer(x, attention_mask=keys, is_causal=True, absorb=absorb,
                 positions=positions_from_attention_mask(keys))[0]
     out.sum().backward()

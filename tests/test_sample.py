@@ -123,3 +123,19 @@ def test_nucleus_sampling_keeps_the_fewest_tokens_reaching_top_p():
     everything = {int(pick_next(logits, 1.0, None, torch.Generator().manual_seed(s), 1.0))
                   for s in range(400)}
     assert everything == {0, 1, 2, 3}
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (not Linux)")
+def test_a_full_standard_output_is_one_line_and_exit_74_without_a_traceback(checkpoint):
+    """``python -m course_attn.sample ... > /dev/full`` (issue 41): every write fails with
+    ENOSPC. One line says so; Python's own flush at exit does not fail again (exit 120)."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "course_attn.sample", "--checkpoint",
+                               str(checkpoint), "--max-new-tokens", "20", "--device", "cpu"],
+                              cwd=ROOT, stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=300, check=False)
+    assert done.returncode == 74, done.stderr  # EXIT_WRITE_FAILED, as the trainer's
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    assert ("python -m course_attn.sample: error: could not write to the standard output "
+            "while sampling: No space left on device") in done.stderr
+    assert "characters in" not in done.stderr  # no report of a sample nobody got

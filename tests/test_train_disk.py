@@ -16,16 +16,18 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 import pytest
 import torch
 
+import course_attn
 import course_attn.train.cli as cli
 import course_attn.train.outputs as outputs
 from course_attn.data.tasks import CopyTask
@@ -307,6 +309,139 @@ def test_metrics_out_in_a_folder_turned_read_only(tmp_path, corpus, read_only, t
     assert f"could not be written to {str(metrics)!r} ({why})" in line
     assert f"The final checkpoint is in {str(ckpt)!r}" in line
     assert len(metrics_named(line)["train_loss_history"]) == 2
+    assert load_checkpoint(ckpt)["iter"] == 2
+
+
+def test_a_checkpoint_path_that_becomes_a_folder_stops_with_74_and_the_metrics(
+        tmp_path, corpus, monkeypatch, capsys):
+    """The path of --out turned into a folder during the run (issue 41): a write that
+    fails (exit 74, the metrics written, one line), not a mistake of the command line
+    (exit 2, the metrics lost), and no claim that a checkpoint is kept there."""
+    ckpt, metrics = tmp_path / "c.pt", tmp_path / "m.json"
+
+    def into_a_folder() -> None:
+        ckpt.unlink()
+        ckpt.mkdir()
+
+    after_training(monkeypatch, into_a_folder, at=2)  # after the checkpoint of iteration 2
+    code = main(["--data", str(corpus), *TINY, "--max-iters", "6", "--out", str(ckpt),
+                 "--metrics-out", str(metrics)])
+    assert code == EXIT_WRITE_FAILED
+    line = one_line_error(capsys.readouterr().err)
+    assert (f"could not write the checkpoint {str(ckpt)!r} after iteration 4: Is a directory; "
+            "the path is a folder now: no checkpoint of this run is there") in line
+    assert "Move the folder at --out away" in line and "then start again" in line
+    assert "--resume" not in line  # nothing to resume from there
+    assert json.loads(metrics.read_text())["stopped_at_iter"] == 4
+    assert ckpt.is_dir() and list(ckpt.iterdir()) == []  # the folder left as it was
+
+
+# ------------------------------------- 2b. a read-only folder as a non-root user (real)
+class NonRoot(NamedTuple):
+    """How to run a command as a user that permission bits bind, and a folder of its own."""
+
+    prefix: list[str]  # the words before the command: setpriv as nobody, or none
+    owner: tuple[int, int] | None  # (uid, gid) to give the folders to, or None
+    folder: Path
+
+    def own(self, path: Path) -> None:
+        if self.owner is not None:
+            os.chown(path, *self.owner)
+
+
+@pytest.fixture()
+def non_root() -> Iterator[NonRoot]:
+    """As root (which ignores permission bits) commands run as ``nobody`` through util-linux's
+    ``setpriv``; as another user, as that user. Skipped, saying why, where there is no
+    ``nobody`` or ``setpriv``, or ``nobody`` cannot run the interpreter and read the package
+    and torch (a home folder closed to others)."""
+    if not hasattr(os, "geteuid"):
+        pytest.skip("no POSIX users here")
+    prefix: list[str] = []
+    owner = None
+    if os.geteuid() == 0:
+        import pwd  # POSIX only, as geteuid
+
+        try:
+            nobody = pwd.getpwnam("nobody")
+        except KeyError:
+            pytest.skip("running as root, and there is no user 'nobody' to run as")
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root, and util-linux's setpriv is missing to run as nobody")
+        owner = (nobody.pw_uid, nobody.pw_gid)
+        prefix = ["setpriv", f"--reuid={owner[0]}", f"--regid={owner[1]}", "--clear-groups"]
+    folder = Path(tempfile.mkdtemp(prefix="course_attn-non-root-"))  # pytest's is root's only
+    try:
+        user = NonRoot(prefix, owner, folder)
+        (folder / "tmp").mkdir()
+        for path in (folder, folder / "tmp"):
+            user.own(path)
+        readable = [course_attn.__file__, torch.__file__, str(folder)]
+        probe = subprocess.run([*prefix, sys.executable, "-I", "-c", "import os, sys; sys.exit("
+                                f"0 if all(os.access(p, os.R_OK) for p in {readable!r}) "
+                                "else 3)"], capture_output=True, text=True, timeout=60,
+                               check=False)
+        if probe.returncode != 0:
+            pytest.skip(f"{'nobody' if owner else 'this user'} cannot run {sys.executable} or "
+                        f"read the package and torch here: {probe.stderr.strip()[-200:]}")
+        yield user
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def non_root_run(user: NonRoot, *args: str) -> list[str]:
+    """The command ``python ARGS`` as the fixture's user."""
+    return [*user.prefix, sys.executable, *args]
+
+
+def non_root_env(user: NonRoot) -> dict[str, str]:
+    """The environment of a run as that user: its temporary folder and home are its own."""
+    return {**ENV, "TMPDIR": str(user.folder / "tmp"), "HOME": str(user.folder),
+            "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def test_as_a_non_root_user_a_read_only_folder_is_refused_before_training(corpus, non_root):
+    folder = non_root.folder / "ro"
+    folder.mkdir()
+    non_root.own(folder)
+    folder.chmod(0o500)
+    shutil.copy(corpus, non_root.folder / "corpus.txt")
+    done = subprocess.run(non_root_run(non_root, "-m", "course_attn.train", "--data",
+                                       str(non_root.folder / "corpus.txt"), *TINY,
+                                       "--max-iters", "2", "--out", str(folder / "c.pt")),
+                          env=non_root_env(non_root), capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot create a file in {str(folder)!r} (Permission denied)" in done.stderr
+    assert "Traceback" not in done.stderr and not list(folder.iterdir())
+
+
+def test_as_a_non_root_user_a_folder_turned_read_only_keeps_checkpoint_and_metrics(
+        corpus, non_root):
+    """The chmod case of the read_only fixture, which root never runs: the folder of the
+    checkpoint and the metrics refuses writes after the checkpoint of iteration 2."""
+    folder = non_root.folder
+    shutil.copy(corpus, folder / "corpus.txt")
+    ckpt, metrics = folder / "c.pt", folder / "m.json"
+    process = subprocess.Popen(
+        non_root_run(non_root, str(ROOT / "tests" / "staged_train.py"), "a checkpoint write",
+                     "--data", str(folder / "corpus.txt"), *TINY, "--max-iters", "6",
+                     "--out", str(ckpt), "--metrics-out", str(metrics)),
+        env={**non_root_env(non_root), "STAGED_CALL": "2"}, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    announced = process.stderr.readline()  # the second checkpoint, about to be written
+    assert announced == "stage: a checkpoint write\n", announced + process.stderr.read()
+    folder.chmod(0o500)  # the folder turns read-only under the running process
+    try:
+        err = process.communicate(timeout=300)[1]
+    finally:
+        folder.chmod(0o755)
+    assert process.returncode == EXIT_WRITE_FAILED, err
+    line = one_line_error(err)
+    assert (f"could not write the checkpoint {str(ckpt)!r} after iteration 4: Permission "
+            "denied; the checkpoint of iteration 2 is kept there") in line
+    saved = metrics_named(line)  # neither there nor beside it: in the temporary folder
+    assert str(folder / "tmp") in line and saved["stopped_at_iter"] == 4
     assert load_checkpoint(ckpt)["iter"] == 2
 
 

@@ -3,6 +3,8 @@
 Each public name states in its docstring the chapter that derives it.
 """
 
+# First, before torch: python -m course_attn.train owns its signals from here (_early_stop).
+from ._early_stop import RECEIVED as _early_signals  # noqa: F401
 from ._version import __version__
 from .core.attention import (
     ATTENTION_FUNCTIONS,

@@ -60,6 +60,8 @@ __all__ = [
     "check_power_of_two_block",
     "check_left_padding",
     "check_nonnegative_int",
+    "check_on_device",
+    "moved_to",
     "check_choice",
     "check_cpu_generator",
     "check_split",
@@ -106,6 +108,35 @@ def check_tensor(
             f"{name} must have at least {min_ndim} dimensions, got shape {tuple(value.shape)}"
         )
     return value
+
+
+def check_on_device(tensor: Tensor, name: str, device: torch.device, owner: str) -> Tensor:
+    """``tensor`` must be on ``device``, where ``owner`` (``"the layer"``, ``"query"``) is.
+
+    The doors of the layers and models (Chapters 6-11) ask this of every tensor they take:
+    inputs, masks, biases, positions, caches. Otherwise the first operation that mixes
+    two devices fails deep inside torch ("Tensor on device cpu is not on the expected
+    device meta"), and a mask copied over at every call of a model would cost a transfer
+    each step (on a GPU, a host-device sync). The message names both devices and the fix.
+    """
+    if tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device} but {owner} is on {device}; move one "
+                         f"of them, e.g. {name}.to({str(device)!r})")
+    return tensor
+
+
+def moved_to(tensor: Tensor, name: str, device: torch.device, owner: str) -> Tensor:
+    """``tensor`` on ``device`` (where ``owner`` is): copied there when it is elsewhere.
+
+    The functions of the chapters (``attention``, ``alibi_attention``, ``apply_rope``,
+    ``combine_masks``, ...) take a mask, bias or positions made on the CPU for inputs on
+    a GPU, as a convenience for hand-made tensors. A tensor on ``meta`` holds no values
+    to copy ("Cannot copy out of meta tensor"): a ``ValueError`` that names both devices.
+    """
+    if tensor.device != device and tensor.device.type == "meta":
+        raise ValueError(f"{name} is on meta (shapes only, no values to copy) but {owner} is on "
+                         f"{device}; make {name} on {device}, e.g. with device={str(device)!r}")
+    return tensor.to(device)
 
 
 def check_positive_int(value: object, name: str) -> int:
@@ -424,12 +455,13 @@ def check_attention_args(q: object, k: object, v: object, mask: object = None, *
 
     Returns ``(q, k, v, mask, scale, bias)``: the mask on ``q``'s device with at least its
     ``(T_q, T_k)`` axes, the scale as a float (``1 / sqrt(d_k)`` for ``None``), the bias on
-    ``q``'s device in ``q``'s dtype. The attention paths behind the door check nothing.
+    ``q``'s device in ``q``'s dtype (:func:`moved_to`). The attention paths behind the door
+    check nothing.
     """
     q, k, v = check_qkv(q, k, v)
     scores_shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
     if mask is not None:
-        mask = check_bool_mask(mask, "mask", scores_shape).to(q.device)
+        mask = moved_to(check_bool_mask(mask, "mask", scores_shape), "mask", q.device, "q")
         if mask.dim() < 2:  # (T_k,) or a scalar: give it its (T_q, T_k) axes, as 1s
             mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))
     check_bool(is_causal, "is_causal")
@@ -447,7 +479,7 @@ def check_attention_args(q: object, k: object, v: object, mask: object = None, *
         if not fits:
             raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast to the "
                              f"attention scores' shape {tuple(scores_shape)}")
-        bias = bias.to(q.device, q.dtype)  # a no-op when it is already there
+        bias = moved_to(bias, "bias", q.device, "q").to(q.dtype)  # no-ops where it is so
     return q, k, v, mask, scale, bias
 
 

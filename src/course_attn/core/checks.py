@@ -4,7 +4,8 @@ A layer built by a reader checks its inputs here before any work, so a wrong sha
 or dtype is a ``TypeError`` / ``ValueError`` that names the argument, not an error
 from deep inside torch; and no argument can leave a cache half-updated. A layer
 built into a parent skips its door (``check_inputs = False``): the parent checked.
-Each door returns the attention mask it prepared (combined, on the queries' device).
+Each door returns the masks it checked; a mask, bias, position or cache on another
+device than the inputs is refused, as the inputs are (``check_on_device``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import Tensor
 
 from .._validation import (
     check_bool,
+    check_on_device,
     check_sequence,
     check_tensor,
     check_token_mask,
@@ -47,26 +49,17 @@ def check_attention_function(fn: object) -> Any:
     return fn
 
 
-def check_on_device(tensor: Tensor, name: str, device: torch.device, owner: str) -> None:
-    """``tensor`` must be on ``device``, where ``owner`` (``"the layer"``, ``"the model"``) is.
-
-    Otherwise the first operation that mixes the two (a matmul, an index) fails deep
-    inside torch with "Tensor on device cpu is not on the expected device meta".
-    """
-    if tensor.device != device:
-        raise ValueError(f"{name} is on {tensor.device} but {owner} is on {device}; move one "
-                         f"of them, e.g. {name}.to({str(device)!r})")
-
-
 def check_multi_head_call(layer: Any, query: object, key: object, value: object,
                           attention_mask: object, mask: object, is_causal: object,
-                          need_weights: object, cache: object, bias: object,
-                          ) -> tuple[Tensor | None, Tensor | None]:
-    """Check a standalone ``MultiHeadAttention`` call; return ``(attention_mask, mask)``
-    moved to the queries' device."""
+                          need_weights: object, cache: object, bias: object, *,
+                          inputs: str = "query") -> tuple[Tensor | None, Tensor | None]:
+    """Check a standalone ``MultiHeadAttention`` call; return ``(attention_mask, mask)``.
+
+    The masks and the bias must be on the queries' device (``inputs`` names them in the
+    messages: ``"x"`` for a block's call)."""
     dtype = layer.q_proj.weight.dtype
-    query = check_sequence(query, "query", width=layer.d_model, dtype=dtype)
-    check_on_device(query, "query", layer.q_proj.weight.device, "the layer")
+    query = check_sequence(query, inputs, width=layer.d_model, dtype=dtype)
+    check_on_device(query, inputs, layer.q_proj.weight.device, "the layer")
     if (key is None) != (value is None):
         raise ValueError("pass both key and value (cross-attention) or neither "
                          "(self-attention)")
@@ -102,6 +95,8 @@ def check_multi_head_call(layer: Any, query: object, key: object, value: object,
         if value is not None and not isinstance(value, Tensor):
             raise TypeError(f"{name} must be a boolean torch.Tensor or None, got "
                             f"{type(value).__name__}")
+        if value is not None:
+            check_on_device(value, name, query.device, inputs)
     if isinstance(attention_mask, Tensor) and attention_mask.shape[:1] != (batch,):
         raise ValueError(f"attention_mask must have shape (B, T_k) with B={batch}, "
                          f"got {tuple(attention_mask.shape)}")
@@ -109,11 +104,10 @@ def check_multi_head_call(layer: Any, query: object, key: object, value: object,
         raise ValueError(f"mask must have shape (T_q, T_k) or (B, T_q, T_k) with "
                          f"B={batch}, got {tuple(mask.shape)}")
     if bias is not None:
-        check_tensor(bias, "bias")
+        check_on_device(check_tensor(bias, "bias"), "bias", query.device, inputs)
     combine_masks(t_q, t_k, mask=mask, attention_mask=attention_mask,  # type: ignore[arg-type]
                   device=query.device)  # for its checks of the two masks' shapes
-    moved = [m.to(query.device) if isinstance(m, Tensor) else None for m in (attention_mask, mask)]
-    return moved[0], moved[1]
+    return attention_mask, mask  # type: ignore[return-value]  # checked above
 
 
 def check_feed_forward_call(layer: Any, x: object) -> None:
@@ -145,6 +139,7 @@ def check_positions_call(layer: Any, x: object, positions: object) -> None:
         return
     if not isinstance(positions, Tensor) or positions.dtype != torch.long:
         raise TypeError(f"positions must be a torch.long tensor (B, T), got {positions!r}")
+    check_on_device(positions, "positions", x.device, "x")
     if positions.shape not in (x.shape[:2], x.shape[1:2]):
         raise ValueError(f"positions must have shape (B, T)={tuple(x.shape[:2])} or (T,), "
                          f"got {tuple(positions.shape)}")
@@ -159,7 +154,7 @@ def check_block_call(block: Any, x: object, attention_mask: object, mask: object
                      cache: object, cross_cache: object, need_weights: object,
                      ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Check a standalone ``TransformerBlock`` call; return ``(attention_mask, mask,
-    memory_attention_mask)`` on ``x``'s device."""
+    memory_attention_mask)``, each on ``x``'s device."""
     # Check here, not deep inside: a wrong width would otherwise surface as a
     # LayerNorm shape error, and memory's errors would be reported as "key".
     d_model, dtype = block.self_attn.d_model, block.norm1.weight.dtype
@@ -177,18 +172,19 @@ def check_block_call(block: Any, x: object, attention_mask: object, mask: object
         memory = check_sequence(memory, "memory", width=d_model, batch=x.shape[0])
         if memory.dtype != x.dtype:
             raise TypeError(f"memory has dtype {memory.dtype} but x has {x.dtype}")
-        if memory.device != x.device:
-            raise ValueError(f"memory is on {memory.device} but x is on {x.device}")
+        check_on_device(memory, "memory", x.device, "x")
         if memory_attention_mask is not None:
-            memory_attention_mask = check_token_mask(
-                memory_attention_mask, "memory_attention_mask", memory.shape[:2]).to(x.device)
+            memory_attention_mask = check_on_device(check_token_mask(
+                memory_attention_mask, "memory_attention_mask", memory.shape[:2]),
+                "memory_attention_mask", x.device, "x")
         if cross_cache is not None:
             attn = block.cross_attn
             check_cross_cache(cross_cache, "cross_cache", batch=x.shape[0],
                               heads=attn.n_kv_heads, head_dim=attn.head_dim,
                               memory_length=memory.shape[1], dtype=dtype, device=x.device)
     attention_mask, mask = check_multi_head_call(block.self_attn, x, None, None, attention_mask,
-                                                 mask, is_causal, need_weights, cache, None)
+                                                 mask, is_causal, need_weights, cache, None,
+                                                 inputs="x")
     return attention_mask, mask, memory_attention_mask  # type: ignore[return-value]
 
 

@@ -79,13 +79,30 @@ class KVCache:
         """Append ``k, v (B, H, T_new, head_dim)``; return all keys and values so far.
 
         Checks nothing (it runs in every layer at every step): ``check_cache`` is the
-        check, made once by the layer or model that owns the cache.
+        check, made once by the layer or model that owns the cache. Keys that cannot join
+        the cached ones (another batch size, another device) are a ``ValueError`` that
+        names both, found by ``torch.cat`` itself: the cache is left as it was.
         """
         if self.k is not None and self.v is not None:
-            k = torch.cat([self.k, k], dim=2)  # (B, H, T_cache + T_new, head_dim)
-            v = torch.cat([self.v, v], dim=2)  # (B, H, T_cache + T_new, head_dim)
+            try:
+                k_all = torch.cat([self.k, k], dim=2)  # (B, H, T_cache + T_new, head_dim)
+                v_all = torch.cat([self.v, v], dim=2)  # (B, H, T_cache + T_new, head_dim)
+            except RuntimeError:  # the happy path pays nothing for this message
+                raise ValueError(self._misfit(k, v)) from None
+            k, v = k_all, v_all
         self.k, self.v = k, v
         return k, v
+
+    def _misfit(self, k: Tensor, v: Tensor) -> str:
+        """Why new ``k, v`` do not join the cached keys and values, and what to do."""
+        assert self.k is not None and self.v is not None
+        held = f"({', '.join(str(n) for n in self.k.shape)}) on {self.k.device}"
+        new = f"({', '.join(str(n) for n in k.shape)}) on {k.device}"
+        if v.shape[:3] != k.shape[:3] or v.device != k.device:
+            new += f" with values ({', '.join(str(n) for n in v.shape)}) on {v.device}"
+        return (f"the cache holds keys (B, H, T_cache, head_dim)={held} but the new keys are "
+                f"{new}; keep one batch, layer and device per cache (reset() it between "
+                "batches, after moving the model)")
 
 
 class CrossKVCache:

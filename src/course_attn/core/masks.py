@@ -21,6 +21,7 @@ from .._validation import (
     check_device,
     check_positive_int,
     explain_out_of_memory,
+    moved_to,
     values_checkable,
 )
 from .attention import with_causal
@@ -88,6 +89,9 @@ def padding_mask(
     if lengths_t.dim() != 1 or lengths_t.numel() == 0:
         raise ValueError(f"lengths must be a non-empty 1-D sequence (B,), got shape "
                          f"{tuple(lengths_t.shape)}")
+    if max_len is None and lengths_t.device.type == "meta":
+        raise ValueError("lengths are on meta, which holds no values to take max_len from; "
+                         "give max_len")
     if max_len is None:
         max_len = int(lengths_t.max())  # reads a value: give max_len to avoid it on a GPU
         if max_len < 1:
@@ -98,7 +102,7 @@ def padding_mask(
         raise ValueError(f"lengths must each be in [0, max_len={max_len}], "
                          f"got {lengths_t.tolist()}")
     if device is not None:
-        lengths_t = lengths_t.to(device)
+        lengths_t = moved_to(lengths_t, "lengths", device, "the mask")
     positions = torch.arange(max_len, device=lengths_t.device).unsqueeze(0)  # (1, max_len)
     lengths_col = lengths_t.unsqueeze(1)  # (B, 1)
     if side == "right":
@@ -152,7 +156,8 @@ def combine_masks(
         attention_mask: bool ``(B, T_k)``, ``True`` on real keys (``False`` on padding).
         is_causal: add ``causal_mask(t_q, t_k)`` (bottom-right aligned).
             ``mask`` and ``attention_mask`` must agree on ``B`` when both have it.
-        device: where the returned mask lives (the other masks are moved there);
+        device: where the returned mask lives (the other masks are moved there, except
+            from ``meta``, which holds no values to move: a ``ValueError``);
             ``None`` means the device of the other masks, else the default device.
             Attention layers pass their queries' device, so no mask stays behind
             on the CPU while the model runs on a GPU.
@@ -180,14 +185,19 @@ def combine_masks(
     if device is None:
         device = next((m.device for m in (mask, attention_mask) if m is not None), None)
     if mask is not None:
-        mask = _check_pair_mask(mask, t_q, t_k).to(device)
+        mask = _on(device, _check_pair_mask(mask, t_q, t_k), "mask")
     if attention_mask is not None:
-        attention_mask = _check_key_mask(attention_mask, t_k).to(device)
+        attention_mask = _on(device, _check_key_mask(attention_mask, t_k), "attention_mask")
     combined = scores_mask(mask, attention_mask)
     if is_causal:
         causal = causal_mask(t_q, t_k, device=device)  # (T_q, T_k)
         combined = causal if combined is None else causal & combined
     return combined
+
+
+def _on(device: torch.device | None, mask: Tensor, name: str) -> Tensor:
+    """``mask`` moved to ``device`` (``None``: where it is)."""
+    return mask if device is None else moved_to(mask, name, device, "the combined mask")
 
 
 def _check_pair_mask(mask: Tensor, t_q: int, t_k: int) -> Tensor:

@@ -2,8 +2,8 @@
 
 ``MiniGPT.forward``, ``MiniGPT.generate`` and the forwards of ``Encoder``,
 ``Decoder`` and ``EncoderDecoder`` call these first; the blocks inside then run
-unchecked. Each door returns the real-token masks it checked, moved to the
-device of the token ids, so that the model body never moves or re-checks them.
+unchecked. Each door returns the real-token masks it checked, which must be on the device of
+the token ids (as the caches must), so that the model body never moves or re-checks them.
 """
 
 from __future__ import annotations
@@ -47,11 +47,13 @@ def _key_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
-def _check_mask(mask: object, name: str, shape: tuple[int, ...], device: torch.device, *,
+def _check_mask(mask: object, name: str, shape: tuple[int, ...], ids: Tensor, ids_name: str, *,
                 rows_nonempty: bool = False) -> Tensor | None:
+    """A real-token mask of ``shape``, on the device of the token ids ``ids``."""
     if mask is None:
         return None
-    return check_token_mask(mask, name, shape, rows_nonempty=rows_nonempty).to(device)
+    checked = check_token_mask(mask, name, shape, rows_nonempty=rows_nonempty)
+    return check_on_device(checked, name, ids.device, ids_name)
 
 
 def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: object,
@@ -75,7 +77,7 @@ def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: obj
                                   ignore_index=-1)
         if targets.device != idx.device:
             raise ValueError(f"targets are on {targets.device} but idx is on {idx.device}")
-    return _check_mask(attention_mask, "attention_mask", (batch, past + time), idx.device,
+    return _check_mask(attention_mask, "attention_mask", (batch, past + time), idx, "idx",
                        rows_nonempty=True)
 
 
@@ -95,9 +97,23 @@ def check_generate_call(model: Any, idx: object, max_new_tokens: object, tempera
     check_bool(use_cache, "use_cache")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    mask = _check_mask(attention_mask, "attention_mask", tuple(idx.shape), idx.device,
+    if generator is not None:
+        _check_generator_device(generator, idx)
+    mask = _check_mask(attention_mask, "attention_mask", tuple(idx.shape), idx, "idx",
                        rows_nonempty=True)
     return None if mask is None else check_left_padding(mask, "attention_mask")
+
+
+def _check_generator_device(generator: torch.Generator, idx: Tensor) -> None:
+    """Sampling draws on the generator's device (the CPU, or the model's), never on ``meta``,
+    which has no random numbers: torch would fail with "META device type not an accelerator"
+    or "Cannot copy out of meta tensor"."""
+    where = generator.device
+    if where.type == "meta" or idx.device.type == "meta" or where not in (
+            idx.device, torch.device("cpu")):
+        fix = ("pass generator=None (meta has no random numbers)" if idx.device.type == "meta"
+               else f"pass a torch.Generator(device={str(idx.device)!r}) or one on the CPU")
+        raise ValueError(f"generator is on {where} but idx is on {idx.device}; {fix}")
 
 
 def check_encoder_call(encoder: Any, src: object, src_attention_mask: object) -> Tensor | None:
@@ -108,7 +124,7 @@ def check_encoder_call(encoder: Any, src: object, src_attention_mask: object) ->
     if src.shape[1] > c.context_length:
         raise ValueError(f"src has {src.shape[1]} positions, more than "
                          f"context_length={c.context_length}")
-    return _check_mask(src_attention_mask, "src_attention_mask", tuple(src.shape), src.device)
+    return _check_mask(src_attention_mask, "src_attention_mask", tuple(src.shape), src, "src")
 
 
 def check_decoder_call(decoder: Any, tgt: object, memory: object, tgt_attention_mask: object,
@@ -120,10 +136,9 @@ def check_decoder_call(decoder: Any, tgt: object, memory: object, tgt_attention_
     check_on_model_device(decoder, tgt, "tgt")
     memory = check_sequence(memory, "memory", width=c.d_model, batch=tgt.shape[0],
                             dtype=decoder.lm_head.weight.dtype)
-    if memory.device != tgt.device:
-        raise ValueError(f"memory is on {memory.device} but tgt is on {tgt.device}")
+    check_on_device(memory, "memory", tgt.device, "tgt")
     memory_mask = _check_mask(memory_attention_mask, "memory_attention_mask",
-                              tuple(memory.shape[:2]), tgt.device)
+                              tuple(memory.shape[:2]), tgt, "tgt")
     check_bool(need_weights, "need_weights")
     past = 0
     fits = {"batch": tgt.shape[0], "heads": c.n_heads, "head_dim": c.d_model // c.n_heads,
@@ -137,5 +152,5 @@ def check_decoder_call(decoder: Any, tgt: object, memory: object, tgt_attention_
         raise ValueError(f"the target would reach {past + tgt.shape[1]} positions, more than "
                          f"context_length={c.context_length}")
     tgt_mask = _check_mask(tgt_attention_mask, "tgt_attention_mask",
-                           (tgt.shape[0], past + tgt.shape[1]), tgt.device)
+                           (tgt.shape[0], past + tgt.shape[1]), tgt, "tgt")
     return tgt_mask, memory_mask

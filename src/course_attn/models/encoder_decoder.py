@@ -27,6 +27,7 @@ from .._validation import (
     check_head_split,
     check_left_padding,
     check_nonnegative_int,
+    check_on_device,
     check_positive_int,
     check_probability,
     check_token_ids,
@@ -258,13 +259,12 @@ class EncoderDecoder(nn.Module):
         n_new = check_nonnegative_int(max_new_tokens, "max_new_tokens")
         check_bool(use_cache, "use_cache")
         memory = self.encoder(src, src_attention_mask)  # (B, T_s, D); the encoder's door
-        src_attention_mask = None if src_attention_mask is None else src_attention_mask.to(
-            src.device)
         if memory_attention_mask is None:  # cross-attention reads what the encoder read
             memory_attention_mask = src_attention_mask
         else:
-            memory_attention_mask = check_token_mask(
-                memory_attention_mask, "memory_attention_mask", memory.shape[:2]).to(src.device)
+            memory_attention_mask = check_on_device(check_token_mask(
+                memory_attention_mask, "memory_attention_mask", memory.shape[:2]),
+                "memory_attention_mask", memory.device, "src")
         mask = self._check_prompt(prompt, memory, prompt_attention_mask, n_new)
 
         # the memory's keys and values: projected at the first step, read at every later one
@@ -293,7 +293,8 @@ class EncoderDecoder(nn.Module):
         if prompt_attention_mask is None:
             return None
         mask = check_token_mask(prompt_attention_mask, "prompt_attention_mask", prompt.shape)
-        return check_left_padding(mask.to(prompt.device), "prompt_attention_mask")
+        check_on_device(mask, "prompt_attention_mask", prompt.device, "prompt")
+        return check_left_padding(mask, "prompt_attention_mask")
 
 
 def _check_config(config: object) -> EncoderDecoderConfig:

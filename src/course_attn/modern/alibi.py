@@ -20,6 +20,7 @@ from .._validation import (
     check_positive_int,
     check_qkv,
     check_tensor,
+    moved_to,
 )
 from ..core.attention import attention_manual
 
@@ -115,7 +116,7 @@ def alibi_attention(
     if slopes.shape[0] != q.shape[-3]:
         raise ValueError(f"slopes must have one slope per head, (H,)=({q.shape[-3]},), got "
                          f"shape {tuple(slopes.shape)}")
-    slopes = slopes.to(q.device, q.dtype)
+    slopes = moved_to(slopes, "slopes", q.device, "q").to(q.dtype)
     q, k, v, mask, scale, _ = check_attention_args(q, k, v, mask, is_causal=is_causal, scale=scale)
     bias = alibi_bias(q.shape[-2], k.shape[-2], slopes)  # (H, T_q, T_k)
     return attention_manual(q, k, v, mask, is_causal=is_causal, scale=scale, bias=bias)

@@ -38,6 +38,7 @@ from .._validation import (
     check_bool,
     check_choice,
     check_nonnegative_int,
+    check_on_device,
     check_positive_int,
     check_positive_real,
     check_sequence,
@@ -193,6 +194,9 @@ class MultiHeadLatentAttention(nn.Module):
         if isinstance(mask, Tensor) and mask.dim() == 3 and mask.shape[0] not in (1, batch):
             raise ValueError(f"mask must have shape (T_q, T_k) or (B, T_q, T_k) with "
                              f"B={batch}, got {tuple(mask.shape)}")
+        for name, value in (("attention_mask", attention_mask), ("mask", mask)):
+            if isinstance(value, Tensor):
+                check_on_device(value, name, x.device, "x")
         combined = combine_masks(time, past + time, mask=mask,  # type: ignore[arg-type]
                                  attention_mask=attention_mask,  # type: ignore[arg-type]
                                  device=x.device)
@@ -215,7 +219,7 @@ class MultiHeadLatentAttention(nn.Module):
         if positions.shape not in (x.shape[1:2], x.shape[:2]):
             raise ValueError(f"positions must have shape (T,)={tuple(x.shape[1:2])} or (B, T)="
                              f"{tuple(x.shape[:2])}, got {tuple(positions.shape)}")
-        return positions.to(x.device)
+        return check_on_device(positions, "positions", x.device, "x")
 
     def forward(
         self,

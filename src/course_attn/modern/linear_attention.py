@@ -28,7 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._validation import check_bool_mask, check_positive_real, check_qkv, check_tensor
+from .._validation import (
+    check_bool_mask,
+    check_positive_real,
+    check_qkv,
+    check_tensor,
+    moved_to,
+)
 from ..core.attention import with_causal, zero_unreachable_keys
 
 __all__ = [
@@ -88,7 +94,7 @@ def linear_attention(
     if mask is not None:
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
         check_bool_mask(mask, "mask", (*batch, q.shape[-2], k.shape[-2]))
-        mask = mask.to(q.device)
+        mask = moved_to(mask, "mask", q.device, "q")
     if is_causal:
         mask = with_causal(mask, q.shape[-2], k.shape[-2], q.device)  # (..., T_q, T_k)
     if mask is not None:
@@ -192,7 +198,8 @@ def linear_attention_recurrent(
     _check_state(state, (batch, n_heads, d_phi, d_v), q)
     if attention_mask is not None:
         _check_pad_mask(attention_mask, (batch, time))
-        real = attention_mask.to(q.device)[:, None, :, None]  # (B, T) -> (B, 1, T, 1)
+        real = moved_to(attention_mask, "attention_mask", q.device, "q")[:, None, :, None]
+        # (B, T) -> (B, 1, T, 1)
         phi_k = phi_k.masked_fill(~real, 0.0)  # a pad adds nothing to S or z ...
         v = v.masked_fill(~real, 0.0)  # ... even if it holds NaN
     phi_q = feature_map(q)  # (B, H, T, d_phi)

@@ -26,7 +26,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .._validation import check_positive_int, check_positive_real, check_tensor
+from .._validation import (
+    check_positive_int,
+    check_positive_real,
+    check_tensor,
+    moved_to,
+)
 
 __all__ = ["apply_rope", "apply_rotary", "rope_cos_sin", "rope_rotation", "sinusoid_angles"]
 
@@ -132,7 +137,8 @@ def apply_rope(x: Tensor, positions: Tensor, *, base: float = ROPE_BASE) -> Tens
             padding: ``positions_from_attention_mask(mask)[:, None, :]``). With a
             KV cache, the new tokens' positions continue after the cached ones.
             A ``(B, T)`` tensor against a 4-D ``x`` is refused: its rows would
-            line up with the heads, not with the batch.
+            line up with the heads, not with the batch. Made on the CPU, they follow
+            ``x`` to its device (from ``meta``, which has no values, a ``ValueError``).
         base: 10000, as in RoFormer and Llama 2 (Llama 3 uses 500000).
 
     Returns:
@@ -158,7 +164,7 @@ def apply_rope(x: Tensor, positions: Tensor, *, base: float = ROPE_BASE) -> Tens
         raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast to x's "
                          f"positions {tuple(leading)} (x has shape {tuple(x.shape)})")
     base = check_positive_real(base, "base")
-    positions = positions.to(x.device)  # positions built on the CPU follow x (no-op if there)
+    positions = moved_to(positions, "positions", x.device, "x")  # made on the CPU: follow x
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # angle precision
     cos, sin = rope_cos_sin(positions, x.shape[-1], base=base, dtype=dtype)  # (..., T, hd / 2)
     return apply_rotary(x, cos, sin)

@@ -22,6 +22,7 @@ from .._validation import (
     check_positive_int,
     check_tensor,
     explain_out_of_memory,
+    moved_to,
 )
 from ..core.attention import attention
 
@@ -73,7 +74,7 @@ def sliding_window_attention(
     if mask is not None:
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
         check_bool_mask(mask, "mask", (*batch, q.shape[-2], k.shape[-2]))
-        window_mask = mask.to(q.device) & window_mask  # (..., T_q, T_k)
+        window_mask = moved_to(mask, "mask", q.device, "q") & window_mask  # (..., T_q, T_k)
     return attention(q, k, v, window_mask, scale=scale, dropout_p=dropout_p, impl=impl)
 
 

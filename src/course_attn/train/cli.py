@@ -13,7 +13,8 @@ output paths (and the room on their disks) are checked first, and the metrics
 are written before sampling.
 
 Exit codes: 0 done; 2 a mistake in the command line, the files or the settings
-(or a run that diverged); 130 and 143 stopped by SIGINT or SIGTERM;
+(or a run that diverged); 130 and 143 stopped by SIGINT or SIGTERM, at any moment
+(:mod:`~course_attn.train.stopping`);
 74 (:data:`~course_attn.train.outputs.EXIT_WRITE_FAILED`) a file of the run could not
 be written (a disk that filled up, a folder that turned read-only): the last good
 checkpoint is kept, the metrics so far are written where they can be (the
@@ -24,16 +25,16 @@ temporary folder) and the message says where.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
-import os
 import re
 import shlex
 import shutil
 import signal
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_type_hints
 
@@ -46,7 +47,7 @@ from ..data.text import CharCorpus, default_corpus, load_text
 from ..env import pick_device
 from ..models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
 from .checkpoint import check_checkpoint_path, check_checkpoint_room, load_checkpoint
-from .distributed import World, world_from_env
+from .distributed import World, launcher, world_from_env
 from .loop import (
     BatchSource,
     CheckpointWriteError,
@@ -54,13 +55,15 @@ from .loop import (
     TrainingDiverged,
     TrainingInterrupted,
     TrainResult,
-    signals_recorded,
     train,
 )
-from .outputs import EXIT_WRITE_FAILED, check_metrics_path, same_file, save_metrics
+from .outputs import EXIT_WRITE_FAILED, check_metrics_path, printed, same_file, save_metrics
 from .presets import PRESETS, check_preset_device
+from .stopping import AFTER_TRAINING, BEFORE_TRAINING, SignalOwner, StopRequested
 
 __all__ = ["build_parser", "main"]
+
+PROG = "python -m course_attn.train"
 
 #: The fields of GPTConfig and TrainConfig that flags override, in ``--help``'s order,
 #: each with its help (``{default}`` is the field's default) or None.
@@ -116,10 +119,14 @@ examples:
       (two processes, gloo on a CPU, NCCL on GPUs: data parallelism; the global
       batch above is 6 x 1 x 2 = 12, the cpu preset's)
 
-Ctrl-C or SIGTERM stops at the end of the current step (under torchrun, of the
-step where the processes next read their losses back, within 10 steps): the
-checkpoint (--out) and the metrics so far are written, and the command to resume
-is printed (exit 130 or 143). A second Ctrl-C stops at once.
+Ctrl-C or SIGTERM stops the command whenever it comes (exit 130 or 143, one
+line): before training (reading the data, building the model) at once, with
+nothing written; during training at the end of the step, evaluation or
+checkpoint in hand (under torchrun, of the step where the processes next read
+their losses back, within 10 steps; one before the loop, after the first step),
+with the checkpoint (--out) and the metrics so far written and the command to
+resume printed; after training (the sample) at once, its files written. A
+second Ctrl-C stops at once.
 
 A disk that fills up or a folder that turns read-only stops the run at the next
 checkpoint with one message and exit code 74: the last good checkpoint is kept,
@@ -365,11 +372,12 @@ def _save_metrics(args: argparse.Namespace, metrics: dict[str, Any], world: Worl
     return f" The metrics so far are in {str(written)!r}{elsewhere}.", True
 
 
-def _resume_command(args: argparse.Namespace, argv: Sequence[str]) -> str:
-    """The command that continues this run from its checkpoint."""
+def _resume_command(args: argparse.Namespace, argv: Sequence[str], world: World) -> str:
+    """The command that continues this run from its checkpoint (under torchrun, torchrun's)."""
     words = [w for i, w in enumerate(argv) if w != "--resume"
              and (i == 0 or argv[i - 1] != "--resume") and not w.startswith("--resume=")]
-    return "python -m course_attn.train " + shlex.join([*words, "--resume", str(args.out)])
+    return shlex.join([*launcher(world), "-m", "course_attn.train", *words, "--resume",
+                       str(args.out)])
 
 
 def _train(parser: argparse.ArgumentParser, args: argparse.Namespace, model: MiniGPT,
@@ -388,7 +396,7 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace, model: Min
         saved, _ = _save_metrics(args, {**_metrics(args, model, config, error.result, meta),
                                         "interrupted_at_iter": error.iteration}, world)
         if world.main:
-            how = (f" To continue: {_resume_command(args, argv)}"
+            how = (f" To continue: {_resume_command(args, argv, world)}"
                    if error.checkpoint_iter is not None else " (no --out: nothing to resume)")
             print(f"python -m course_attn.train: {error}.{saved}{how}", file=sys.stderr)
         return 128 + signal.Signals[error.signal_name].value if error.signal_name.startswith(
@@ -397,8 +405,10 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace, model: Min
         saved, _ = _save_metrics(args, {**_metrics(args, model, config, error.result, meta),
                                         "stopped_at_iter": len(error.result.train_losses)},
                                  world, always=True)
-        cure = " Free some space or make the folder writable (or choose another --out)"
-        how = (f"{cure}, then continue: {_resume_command(args, argv)}"
+        cure = (" Move the folder at --out away (or choose another --out)"
+                if args.out is not None and Path(args.out).is_dir()
+                else " Free some space or make the folder writable (or choose another --out)")
+        how = (f"{cure}, then continue: {_resume_command(args, argv, world)}"
                if error.checkpoint_iter is not None else f"{cure}, then start again.")
         if world.main:
             print(f"python -m course_attn.train: error: {error}.{saved}{how}", file=sys.stderr)
@@ -437,15 +447,69 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Every mistake in the command line, the files or the settings exits with
     code 2 and a message, before any training where it can be known then.
+    SIGINT and SIGTERM are owned here, from the first line to the last write
+    (:mod:`course_attn.train.stopping`): one that comes while nothing is worth
+    saving stops the command at once; during training, after the work in hand.
     """
     if argv is not None and (isinstance(argv, str) or not isinstance(argv, Sequence)
                              or not all(isinstance(arg, str) for arg in argv)):
         raise TypeError(f"argv must be a list of str (command-line words) or None, got "
                         f"{argv!r}")
+    with SignalOwner() as stop:
+        try:
+            return _main(sys.argv[1:] if argv is None else list(argv), stop)
+        except StopRequested as stopped:
+            print(f"python -m course_attn.train: {stopped}.", file=sys.stderr)
+            return 128 + stopped.signum
+
+
+def _main(argv: list[str], stop: SignalOwner) -> int:
+    """:func:`main` under its signal owner ``stop``."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    world = world_from_env()
+    # One process stops at once before training. Several go on to their first step, where
+    # they agree to stop together: one stopping alone would leave the others waiting for it.
+    with stop.at_once(BEFORE_TRAINING) if world.size == 1 else contextlib.nullcontext():
+        args = parser.parse_args(argv)
+        model, data, config, resume, meta, device = _prepare(parser, args, stop)
+        header = _header(model, device, world)
+        if world.main and not printed(lambda: print(header, flush=True), PROG, "before training"):
+            return EXIT_WRITE_FAILED
+    # From here a signal is recorded: train()'s loop stops after the step, evaluation or
+    # checkpoint in hand; under torchrun the first process to stop makes torchrun send
+    # SIGTERM to the others, and process 0 must not die before its metrics are written.
+    result = _train(parser, args, model, data, config, resume, meta, argv, world)
+    if isinstance(result, int):
+        return result  # stopped by a signal, or a checkpoint that could not be written
+    # Everything that took time is on disk before anything else can fail: the final
+    # checkpoint (written by train at the last iteration), then the metrics.
+    saved, where_asked = _save_metrics(args, _metrics(args, model, config, result, meta), world)
+    if not where_asked:
+        checkpoint = (f" The final checkpoint is in {args.out!r}." if args.out is not None
+                      else " No checkpoint was asked for (--out).")
+        print(f"python -m course_attn.train: error: the run finished ({config.max_iters} "
+              f"iterations).{saved}{checkpoint}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
+    if stop.received:  # a signal after the last step: the files are written, no sample
+        print(f"python -m course_attn.train: stopped by {signal.Signals(stop.received[0]).name} "
+              f"after training.{saved}", file=sys.stderr)
+        return 128 + stop.received[0]
+    with stop.at_once(AFTER_TRAINING):  # the sample: nothing left to save
+        if world.main and not printed(lambda: _report(args, model, data, config, result, meta),
+                                      PROG, "after training (its files are written)"):
+            return EXIT_WRITE_FAILED
+    return 0
+
+
+def _prepare(parser: argparse.ArgumentParser, args: argparse.Namespace, stop: SignalOwner
+             ) -> tuple[MiniGPT, BatchSource, TrainConfig, dict[str, Any] | None,
+                        dict[str, Any], torch.device]:
+    """Check the settings and the outputs, read the data, build the model (exit 2 on a
+    mistake); return the model, the data, the training config, the checkpoint to resume
+    from, the run's meta and its device."""
     model_config, config = _configs(parser, args)
-    _check_outputs(parser, args)
+    with stop.deferred():  # the probe files of the output folders are removed before a stop
+        _check_outputs(parser, args)
     resume = _load_resume(parser, args)
     data, model_config, meta = _load_data(parser, args, model_config)
     device = pick_device(config.device)
@@ -458,65 +522,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.manual_seed(config.seed)
         model = MiniGPT(model_config)
     _check_room(parser, args, model)
-    world = world_from_env()
-    if world.main:
-        processes = f", {world.size} processes" if world.size > 1 else ""
-        header = (f"MiniGPT: {model.num_parameters():,} parameters, "
-                  f"{model_config.n_layers} layers x {model_config.n_heads} heads, width "
-                  f"{model_config.d_model}, context {model_config.context_length}, vocabulary "
-                  f"{model_config.vocab_size}; device {device}{processes}")
-        if not _printed(lambda: print(header, flush=True), "before training"):
-            return EXIT_WRITE_FAILED
-    received: list[int] = []  # the signals that came after train()'s own loop
-    # Around train() (whose loop records them the same way) and the writing of the metrics:
-    # under torchrun the first process to stop makes torchrun send SIGTERM to the others,
-    # and process 0 must not die before its metrics are written.
-    with signals_recorded(received):
-        result = _train(parser, args, model, data, config, resume, meta,
-                        sys.argv[1:] if argv is None else argv, world)
-        if isinstance(result, int):
-            return result  # stopped by a signal, or a checkpoint that could not be written
-        # Everything that took time is on disk before anything else can fail: the final
-        # checkpoint (written by train at the last iteration), then the metrics.
-        saved, where_asked = _save_metrics(args, _metrics(args, model, config, result, meta),
-                                           world)
-    if not where_asked:
-        checkpoint = (f" The final checkpoint is in {args.out!r}." if args.out is not None
-                      else " No checkpoint was asked for (--out).")
-        print(f"python -m course_attn.train: error: the run finished ({config.max_iters} "
-              f"iterations).{saved}{checkpoint}", file=sys.stderr)
-        return EXIT_WRITE_FAILED
-    if received:  # a signal after the last step: the files are written, no sample
-        print(f"python -m course_attn.train: stopped by {signal.Signals(received[0]).name} "
-              f"after training.{saved}", file=sys.stderr)
-        return 128 + received[0]
-    if world.main and not _printed(lambda: _report(args, model, data, config, result, meta),
-                                   "after training (its files are written)"):
-        return EXIT_WRITE_FAILED
-    return 0
+    return model, data, config, resume, meta, device
 
 
-def _printed(show: Callable[[], None], when: str) -> bool:
-    """Run ``show`` (it prints to the standard output); on a failed write, say so on the
-    standard error (a redirected output on a full disk, a closed pipe) and return False."""
-    try:
-        show()
-        sys.stdout.flush()
-    except OSError as error:
-        print(f"python -m course_attn.train: error: could not write to the standard output "
-              f"{when}: {error.strerror or error}", file=sys.stderr)
-        _drop_standard_output()
-        return False
-    return True
-
-
-def _drop_standard_output() -> None:
-    """Send what is left of the standard output to ``os.devnull``: Python's own flush at
-    exit would fail on it again, print a second error and exit with 120."""
-    try:
-        handle = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # not a file (a notebook, a test's capture)
-        return
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, handle)
-    os.close(null)
+def _header(model: MiniGPT, device: torch.device, world: World) -> str:
+    """The line that describes the run before it starts."""
+    c = model.config
+    processes = f", {world.size} processes" if world.size > 1 else ""
+    return (f"MiniGPT: {model.num_parameters():,} parameters, {c.n_layers} layers x "
+            f"{c.n_heads} heads, width {c.d_model}, context {c.context_length}, vocabulary "
+            f"{c.vocab_size}; device {device}{processes}")

@@ -28,17 +28,24 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["World", "all_sum", "any_rank", "join", "leave", "micro_batch_rows",
+__all__ = ["World", "all_sum", "any_rank", "join", "launcher", "leave", "micro_batch_rows",
            "world_from_env"]
 
 
 @dataclass(frozen=True)
 class World:
-    """This process's place among ``size`` processes: ``rank`` in all, ``local_rank`` here."""
+    """This process's place among ``size`` processes: ``rank`` in all, ``local_rank`` here,
+    among the ``local_size`` processes of this machine (``size`` on one machine)."""
 
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    local_size: int | None = None  # None: every process on this machine
+
+    @property
+    def nodes(self) -> int:
+        """How many machines the processes run on."""
+        return 1 if self.local_size is None else max(1, self.size // self.local_size)
 
     @property
     def main(self) -> bool:
@@ -60,19 +67,31 @@ def micro_batch_rows(world: World, k: int, batch_size: int) -> slice:
 
 def world_from_env() -> World:
     """This process's :class:`World` from torchrun's variables (one process without them)."""
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     values = {name: os.environ.get(name) for name in names}
     if values["WORLD_SIZE"] is None:
         return World()
     try:
-        rank, size, local = (int(values[name] or "0") for name in names)
+        rank, size, local = (int(values[name] or "0") for name in names[:3])
+        local_size = int(values["LOCAL_WORLD_SIZE"] or size)
     except ValueError:
-        raise ValueError(f"RANK, WORLD_SIZE and LOCAL_RANK must be integers (torchrun sets "
-                         f"them), got {values}") from None
-    if size < 1 or not 0 <= rank < size or local < 0:
-        raise ValueError(f"RANK={rank} must lie in [0, WORLD_SIZE={size}) and LOCAL_RANK="
-                         f"{local} must be >= 0")
-    return World(rank, size, local)
+        raise ValueError(f"RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE must be integers "
+                         f"(torchrun sets them), got {values}") from None
+    if size < 1 or not 0 <= rank < size or local < 0 or not 1 <= local_size <= size:
+        raise ValueError(f"RANK={rank} must lie in [0, WORLD_SIZE={size}), LOCAL_RANK="
+                         f"{local} must be >= 0 and LOCAL_WORLD_SIZE={local_size} in [1, "
+                         f"{size}]")
+    return World(rank, size, local, local_size)
+
+
+def launcher(world: World) -> list[str]:
+    """The words that start a module (``-m ...`` follows) on as many processes again:
+    ``python`` for one, ``torchrun --nproc_per_node=N`` (and ``--nnodes``) for several."""
+    if world.size == 1:
+        return ["python"]
+    per_node = world.size if world.local_size is None else world.local_size
+    nodes = [f"--nnodes={world.nodes}"] if world.nodes > 1 else []
+    return ["torchrun", *nodes, f"--nproc_per_node={per_node}"]
 
 
 def join(world: World, device: torch.device) -> torch.device:

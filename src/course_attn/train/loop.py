@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -63,6 +64,7 @@ from .outputs import METRICS_FORMAT
 from .presets import PRESETS, check_preset_device
 from .resume import RESUME_MAY_CHANGE as RESUME_MAY_CHANGE  # re-exported
 from .resume import check_resume
+from .stopping import BEFORE_TRAINING, signals_recorded, stop_at_once
 
 __all__ = [
     "GPU_PEAK_FLOPS",
@@ -542,29 +544,6 @@ def _check_stop(message: object, result: object, checkpoint_iter: object) -> Non
         check_positive_int(checkpoint_iter, "checkpoint_iter")
 
 
-@contextlib.contextmanager
-def signals_recorded(stop: list[int]) -> Iterator[None]:
-    """Record SIGINT or SIGTERM in ``stop`` instead of dying; a second one kills at once."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers (a run in a worker thread: none)
-        return
-    kinds = (signal.SIGINT, signal.SIGTERM)
-    before = {kind: signal.getsignal(kind) for kind in kinds}
-
-    def record(signum: int, frame: object) -> None:
-        stop.append(signum)
-        for kind in kinds:  # the next signal takes its default course: the process stops
-            signal.signal(kind, signal.SIG_DFL)
-
-    for kind in kinds:
-        signal.signal(kind, record)
-    try:
-        yield
-    finally:
-        for kind, handler in before.items():
-            signal.signal(kind, handler)
-
-
 #: What :func:`train` calls after each evaluation: ``on_eval(iteration, model, result)``.
 OnEval = Callable[[int, MiniGPT | EncoderDecoder, TrainResult], object]
 
@@ -784,14 +763,17 @@ class _Run:
         failed = self._write_checkpoint(done) if self.world.main else None
         if any_rank(failed is not None, self.world, self.device):
             self._finish()
-            kept = (f"the checkpoint of iteration {self.saved_iter} is kept there"
+            # A path that became a folder holds no checkpoint of this run any more.
+            gone = failed is not None and failed.errno == errno.EISDIR
+            kept = ("the path is a folder now: no checkpoint of this run is there" if gone
+                    else f"the checkpoint of iteration {self.saved_iter} is kept there"
                     if self.saved_iter is not None else "no checkpoint of this run was written")
             reason = (f"{failed.strerror or failed}" if failed is not None
                       else "process 0 could not write it")
             raise CheckpointWriteError(
                 f"could not write the checkpoint {str(self.checkpoint_path)!r} after iteration "
                 f"{done}: {reason}; {kept}", result=self.result,
-                checkpoint_iter=self.saved_iter)
+                checkpoint_iter=None if gone else self.saved_iter)
         self.saved_iter = done
 
     def _write_checkpoint(self, done: int) -> OSError | None:
@@ -803,6 +785,9 @@ class _Run:
             optimizer=self.optimizer, scaler=self.scaler, generator=self.generator,
             device=self.device, iteration=done, history=history, meta=self.meta)
         assert self.checkpoint_path is not None  # _save runs only with a path
+        path = Path(self.checkpoint_path)
+        if path.is_dir():  # it became a folder during the run: a write that fails, not a mistake
+            return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         try:  # save_checkpoint's one writer makes every failure an OSError with its cause
             save_checkpoint(self.checkpoint_path, checkpoint)
         except OSError as error:
@@ -879,6 +864,21 @@ def _refuse_checkpoints(model: object, checkpoint_path: object, resume_from: obj
                              f"resuming cover only the MiniGPT so far, got {value!r}")
 
 
+def _set_up(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
+            config: TrainConfig, checkpoint_path: str | os.PathLike[str] | None,
+            meta: dict[str, Any], on_eval: OnEval | None) -> _Run:
+    """The run's moving parts (:class:`_Run`), before its first step.
+
+    Setting up writes nothing and may take long (the optimizer's first import of
+    torch._dynamo: seconds, a minute on a busy machine). Under the command line's signal
+    owner a signal here stops at once; several processes go on to agree after a step.
+    """
+    world = world_from_env()
+    with stop_at_once(BEFORE_TRAINING) if world.size == 1 else contextlib.nullcontext():
+        return _Run(model, data, config, checkpoint_path=checkpoint_path,
+                    meta={**meta, "world_size": world.size}, on_eval=on_eval)
+
+
 def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
           config: TrainConfig, *,
           checkpoint_path: str | os.PathLike[str] | None = None,
@@ -931,8 +931,7 @@ def train(model: MiniGPT | EncoderDecoder, data: BatchSource | Seq2SeqTask,
     if checkpoint_path is not None:  # the path, and room on its disk for one checkpoint
         check_checkpoint_room(check_checkpoint_path(checkpoint_path, "checkpoint_path"),
                               "checkpoint_path", model)
-    run = _Run(model, data, config, checkpoint_path=checkpoint_path,
-               meta={**meta, "world_size": world_from_env().size}, on_eval=on_eval)
+    run = _set_up(model, data, config, checkpoint_path, meta, on_eval)
     try:
         if checkpoint is not None:
             run.restore(checkpoint)

@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -270,3 +271,34 @@ def save_metrics(metrics: dict[str, Any], *, path: str | os.PathLike[str] | None
                 except OSError:
                     pass
     return None, failures
+
+
+def printed(show: Callable[[], object], program: str, when: str) -> bool:
+    """Run ``show`` (it prints to the standard output); on a failed write, say so on the
+    standard error (a redirected output on a full disk, a closed pipe) and return False.
+
+    ``program`` starts the message (``"python -m course_attn.train"``), ``when`` says
+    what was being written (``"before training"``). The caller then exits with
+    :data:`EXIT_WRITE_FAILED`, without a traceback.
+    """
+    try:
+        show()
+        sys.stdout.flush()
+    except OSError as error:
+        print(f"{program}: error: could not write to the standard output {when}: "
+              f"{error.strerror or error}", file=sys.stderr)
+        _drop_standard_output()
+        return False
+    return True
+
+
+def _drop_standard_output() -> None:
+    """Send what is left of the standard output to ``os.devnull``: Python's own flush at
+    exit would fail on it again, print a second error and exit with 120."""
+    try:
+        handle = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a notebook, a test's capture)
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, handle)
+    os.close(null)

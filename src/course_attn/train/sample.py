@@ -5,6 +5,12 @@ the character tokenizer, with the checks ``--resume`` makes), encodes a prompt a
 continues it with :meth:`MiniGPT.generate <course_attn.models.gpt.MiniGPT.generate>`,
 keys and values cached. The same ``--seed`` on the same device gives the same text;
 ``--temperature 0`` is greedy decoding.
+
+Exit codes: 0 done; 2 a mistake in the command line or the checkpoint; 74
+(:data:`~course_attn.train.outputs.EXIT_WRITE_FAILED`) the text could not be written to
+the standard output (a full disk under ``> file``, a closed pipe): one line on the
+standard error says so, never a traceback; 130 and 143 stopped by SIGINT or SIGTERM, at
+once (a sample has nothing to save).
 """
 
 from __future__ import annotations
@@ -17,18 +23,26 @@ from pathlib import Path
 
 import torch
 
-from ..data.text import load_text
+from ..data.text import CharTokenizer, load_text
 from ..env import pick_device
+from ..models.gpt import MiniGPT
 from .checkpoint import load_checkpoint, model_from_checkpoint
+from .outputs import EXIT_WRITE_FAILED, printed
+from .stopping import SignalOwner, StopRequested
 
 __all__ = ["build_parser", "main"]
+
+PROG = "python -m course_attn.sample"
 
 EPILOG = """\
 examples:
   python -m course_attn.sample --checkpoint ckpt.pt
   python -m course_attn.sample --checkpoint ckpt.pt --prompt "ROMEO:" --num-samples 3 \\
 --max-new-tokens 300 --temperature 0.8 --top-k 40 --seed 7
-  python -m course_attn.sample --checkpoint ckpt.pt --prompt-file start.txt --temperature 0"""
+  python -m course_attn.sample --checkpoint ckpt.pt --prompt-file start.txt --temperature 0
+
+exit codes: 0 done, 2 a wrong argument or checkpoint, 74 the standard output could not be
+written (a full disk, a closed pipe), 130 or 143 stopped by Ctrl-C or SIGTERM."""
 
 
 def _number(kind: type, low: float, high: float | None = None, *, low_open: bool = False):
@@ -120,18 +134,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sample: the prompt has {len(ids)} characters, more than the model's context of "
               f"{context}; it keeps the last {context}", file=sys.stderr)
         ids = ids[-context:]
-    model = model.to(device).eval()
+    with SignalOwner() as stop:
+        try:
+            with stop.at_once("while sampling"):  # nothing to save: stop at once
+                return _sample(args, model.to(device).eval(), tokenizer, ids, device)
+        except StopRequested as stopped:
+            print(f"{PROG}: {stopped}.", file=sys.stderr)
+            return 128 + stopped.signum
+
+
+def _sample(args: argparse.Namespace, model: MiniGPT, tokenizer: CharTokenizer,
+            ids: list[int], device: torch.device) -> int:
+    """Print ``--num-samples`` continuations of the prompt ``ids``; return the exit code."""
     idx = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     start = time.perf_counter()
-    for number in range(args.num_samples):
-        out = model.generate(idx, args.max_new_tokens, temperature=args.temperature,
-                             top_k=args.top_k and min(args.top_k, tokenizer.vocab_size),
-                             top_p=args.top_p, use_cache=not args.no_cache,
-                             generator=generator)  # (1, T + max_new_tokens)
-        if number:
-            print("-" * 40)
-        print(tokenizer.decode(out[0].tolist()))
+
+    def show() -> None:
+        for number in range(args.num_samples):
+            out = model.generate(idx, args.max_new_tokens, temperature=args.temperature,
+                                 top_k=args.top_k and min(args.top_k, tokenizer.vocab_size),
+                                 top_p=args.top_p, use_cache=not args.no_cache,
+                                 generator=generator)  # (1, T + max_new_tokens)
+            if number:
+                print("-" * 40)
+            print(tokenizer.decode(out[0].tolist()))
+
+    if not printed(show, PROG, "while sampling"):
+        return EXIT_WRITE_FAILED
     seconds = time.perf_counter() - start
     print(f"sample: {args.num_samples} x {args.max_new_tokens} characters in {seconds:.2f} s "
           f"on {device}{' without' if args.no_cache else ' with'} the KV cache", file=sys.stderr)
