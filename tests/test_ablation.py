@@ -11,8 +11,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from course_attn.core.attention import ATTENTION_FUNCTIONS
 from course_attn.data.tasks import CopyTask, RecallTask
-from course_attn.lab.ablation import freeze_positions, part_means, position_losses, task_parts
+from course_attn.lab.ablation import (
+    ABLATIONS,
+    LONG_RUNS,
+    SHORT_RUNS,
+    VARIANT_RUNS,
+    ablated_model,
+    freeze_positions,
+    heads_removed,
+    no_causal_mask_attention,
+    part_means,
+    position_losses,
+    task_parts,
+)
 from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import TrainConfig, train
 
@@ -111,29 +124,136 @@ def load_script():
 
 
 def test_the_cache_holds_what_the_script_would_write_now():
-    from course_attn.lab.ablation import LONG_RUNS
-
     script = load_script()
     assert list(LONG_RUNS) == [f"{name}, {change}" for name, change, _ in script.RUNS]
-    for name, change, iterations in script.RUNS:
-        entry = LONG_RUNS[f"{name}, {change}"]
+    assert list(SHORT_RUNS) == [f"{name}, {change}" for name in script.TASKS
+                                for change in script.CHANGES]
+    assert list(VARIANT_RUNS) == list(script.VARIANTS)
+    rows = [(LONG_RUNS[f"{name}, {change}"], name, change, iterations, {})
+            for name, change, iterations in script.RUNS]
+    rows += [(SHORT_RUNS[f"{name}, {change}"], name, change, script.SHORT_ITERS, {})
+             for name in script.TASKS for change in script.CHANGES]
+    rows += [(VARIANT_RUNS[key], "recall", "full model", script.VARIANT_ITERS, overrides)
+             for key, overrides in script.VARIANTS.items()]
+    for entry, name, change, iterations, overrides in rows:
         task = script.TASKS[name]
-        assert entry["task"] == dataclasses.asdict(task)
-        assert entry["model"] == dataclasses.asdict(script.model_for(name, change).config)
+        assert entry["task"] == dataclasses.asdict(task) and entry["change"] == change
+        assert entry["model"] == dataclasses.asdict(
+            script.model_config(name, change, **overrides))
         assert entry["train"] == dataclasses.asdict(script.train_config(name, iterations))
-        assert list(entry["losses"]) == ["all", *task_parts(task)]
+        assert entry["seeds"] == list(script.SEEDS) == [0, 1, 2]
+        assert entry["seed_losses"][0] == entry["losses"]  # seed 0 is the chapter's run
+        for losses in entry["seed_losses"]:
+            assert list(losses) == ["all", *task_parts(task)]
+
+
+def entry_objects(entry: dict) -> tuple[CopyTask | RecallTask, GPTConfig, TrainConfig]:
+    kind = CopyTask if "half_length" in entry["task"] else RecallTask
+    return kind(**entry["task"]), GPTConfig(**entry["model"]), TrainConfig(**entry["train"])
+
+
+@pytest.mark.parametrize("key", list(LONG_RUNS))
+def test_the_code_still_reproduces_the_cache(key):
+    """The record's probe (seed 0, a few iterations) repeated: a change to the model, its
+    initialisation, the trainer or the measurement that would make the cached rows stale
+    (as a hand-edited row once was) fails here, and the script must be run again."""
+    entry = LONG_RUNS[key]
+    task, config, settings = entry_objects(entry)
+    probe = entry["probe"]
+    model = ablated_model(config, entry["change"], seed=0)
+    train(model, task, dataclasses.replace(settings, max_iters=probe["max_iters"],
+                                           eval_interval=probe["max_iters"]))
+    now = part_means(position_losses(model, task), task)
+    assert now == pytest.approx(probe["losses"], abs=1e-4), (
+        f"{key}: the code no longer gives the cached probe; run tools/ablation_long_runs.py")
 
 
 def test_the_cached_losses_add_up_and_respect_the_floors():
-    from course_attn.lab.ablation import LONG_RUNS
+    for key, entry in [*LONG_RUNS.items(), *SHORT_RUNS.items(), *VARIANT_RUNS.items()]:
+        task = entry_objects(entry)[0]
+        sizes = {k: len(v) for k, v in task_parts(task).items()}
+        for losses in entry["seed_losses"]:
+            weighted = sum(losses[k] * n for k, n in sizes.items()) / task.context_length
+            assert losses["all"] == pytest.approx(weighted, rel=1e-9)  # "all" is their mean
+            if entry["change"] != "no causal mask":  # it reads the answer: below the floor
+                # a model that reads only the past never beats the floor (up to the
+                # 512-sequence sample's luck)
+                assert losses["all"] > task.loss_floor() - 0.02, key
+    assert all(entry["train"]["max_iters"] > 200 for entry in LONG_RUNS.values())
+    assert all(entry["train"]["max_iters"] == 200 for entry in SHORT_RUNS.values())
+    assert all(entry["train"]["max_iters"] == 500 for entry in VARIANT_RUNS.values())
 
-    for entry in LONG_RUNS.values():
-        kind = CopyTask if "half_length" in entry["task"] else RecallTask
-        task = kind(**entry["task"])
-        losses, sizes = entry["losses"], {k: len(v) for k, v in task_parts(task).items()}
-        weighted = sum(losses[k] * n for k, n in sizes.items()) / task.context_length
-        assert losses["all"] == pytest.approx(weighted, rel=1e-9)  # "all" is their mean
-        # a model that reads only the past never beats the floor (up to the 512-sequence
-        # sample's luck)
-        assert losses["all"] > task.loss_floor() - 0.02
-        assert entry["train"]["max_iters"] > 200  # longer than the notebook's rows
+
+# ------------------------------------------------------- ablated models, removed heads
+def test_ablated_model_takes_one_part_away_and_is_seeded():
+    config = GPTConfig(vocab_size=6, context_length=7, n_layers=2, n_heads=2, d_model=16)
+    full = ablated_model(config, "full model", seed=3)
+    torch.manual_seed(3)
+    torch.testing.assert_close(full.state_dict(), MiniGPT(config).state_dict())
+    assert not torch.equal(ablated_model(config, "full model", seed=4).embed.weight,
+                           full.embed.weight)
+    assert ablated_model(config, "one layer").config.n_layers == 1
+    frozen = ablated_model(config, "no positions").pos.weight
+    assert (frozen == 0).all() and not frozen.requires_grad
+    x = torch.randint(0, 6, (1, 7))
+    changed = x.clone()
+    changed[0, -1] = (x[0, -1] + 1) % 6
+    for change in ABLATIONS:
+        model = ablated_model(config, change).eval()
+        moved = not torch.equal(model(x)[0][0, :-1], model(changed)[0][0, :-1])
+        assert moved == (change == "no causal mask"), change  # only it sees the future
+
+
+def test_no_causal_mask_attention_is_the_manual_path_without_any_mask():
+    q, k, v = torch.randn(3, 1, 2, 5, 4).unbind(0)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    out, weights = no_causal_mask_attention(q, k, v, causal, is_causal=True, dropout_p=0.0)
+    expected, expected_weights = ATTENTION_FUNCTIONS["manual"](q, k, v, None, is_causal=False,
+                                                               dropout_p=0.0)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(weights, expected_weights)
+    assert (weights[..., 0, 1:] > 0).all()  # the first query sees the later keys
+
+
+def test_removing_a_head_zeroes_its_columns_of_out_proj_and_nothing_else():
+    model = model_for(COPY, n_layers=2).eval()
+    x = torch.randint(0, 6, (3, COPY.context_length))
+    before = model(x)[0]
+    with heads_removed(model, [(1, 0), (0, 1)]) as same:
+        assert same is model
+        removed = model(x)[0]
+    torch.testing.assert_close(model(x)[0], before)  # the hooks are gone
+    zeroed = model_for(COPY, n_layers=2).eval()
+    with torch.no_grad():
+        zeroed.blocks[1].self_attn.out_proj.weight[:, 0:8] = 0  # head 0 writes columns 0..7
+        zeroed.blocks[0].self_attn.out_proj.weight[:, 8:16] = 0  # head 1: 8..15
+    torch.testing.assert_close(removed, zeroed(x)[0])
+    assert not torch.allclose(removed, before)
+    with heads_removed(model, []):
+        torch.testing.assert_close(model(x)[0], before)
+
+
+def test_removed_heads_come_back_after_an_error():
+    model = model_for(COPY).eval()
+    x = torch.randint(0, 6, (1, COPY.context_length))
+    before = model(x)[0]
+    with pytest.raises(RuntimeError, match="inside"), heads_removed(model, [(0, 0)]):
+        raise RuntimeError("inside")
+    torch.testing.assert_close(model(x)[0], before)
+
+
+@pytest.mark.parametrize(("call", "error", "phrase"), [
+    (lambda: ablated_model("config", "one layer"), TypeError, "config must be a GPTConfig"),
+    (lambda: ablated_model(GPTConfig(vocab_size=6, context_length=7), "no heads"), ValueError,
+     "change must be"),
+    (lambda: ablated_model(GPTConfig(vocab_size=6, context_length=7), "one layer",
+                                   seed=-1), ValueError, "seed"),
+    (lambda: heads_removed(torch.nn.Linear(2, 2), []).__enter__(), TypeError,
+     "model must be a MiniGPT"),
+    (lambda: heads_removed(model_for(COPY), [0]).__enter__(), TypeError, "heads must be"),
+    (lambda: heads_removed(model_for(COPY), [(1, 0)]).__enter__(), ValueError,
+     r"\(1, 0\) is not a head of this model \(1 layers of 2 heads\)"),
+])
+def test_bad_ablation_arguments_are_named(call, error, phrase):
+    with pytest.raises(error, match=phrase):
+        call()

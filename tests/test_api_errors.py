@@ -513,6 +513,10 @@ case("viz.plot_training", "result", TypeError, lambda: viz.plot_training([1.0, 2
 case("viz.plot_training", "smooth", ValueError,
      lambda: viz.plot_training(course_attn.TrainResult(
          train_losses=[1.0], learning_rates=[0.1]), smooth=0))
+case("viz.plot_training_and_scores", "losses", TypeError,
+     lambda: viz.plot_training_and_scores([1, 2], [1.0, 2.0], {"s": [0.1, 0.2]}))
+case("viz.plot_training_and_scores", "scores", ValueError,
+     lambda: viz.plot_training_and_scores([1, 2], {"loss": [1.0, 2.0]}, {"s": [0.1]}))
 case("viz.interactive_plot", "draw", TypeError, lambda: viz.interactive_plot("draw"))
 case("viz.interactive_plot", "control 'x'", TypeError,
      lambda: viz.interactive_plot(lambda x: None, x=3))

@@ -143,6 +143,11 @@ CASES: dict[str, Case] = {
                           lambda p: tasks.RecallTask().sample(-1), "batch_size"),
     "RecallTask.get_batch": (lambda p: tasks.RecallTask().get_batch(None, 2), "split",
                              lambda p: tasks.RecallTask().get_batch("dev", 2), "split"),
+    "HeadScoreTracker": (
+        lambda p: analysis.HeadScoreTracker(TASK_IDS.double()), "tokens",
+        lambda p: analysis.HeadScoreTracker(torch.tensor([[1, 2, 1, 2]]),
+                                            previous_queries=torch.tensor([0, 1])),
+        "previous_queries"),
     "attention_maps": (lambda p: analysis.attention_maps(model(), TASK_IDS.double()), "idx",
                        lambda p: analysis.attention_maps(model(), TASK_IDS[0]), "idx"),
     "cross_attention_maps": (

@@ -92,3 +92,53 @@ def test_plot_training_needs_two_axes():
     with pytest.raises(TypeError, match=r"axes must be a sequence of 2 matplotlib Axes"):
         viz.plot_training(a_result(), axes=[ax])
     plt.close(fig)
+
+
+# ------------------------------------------------- viz.plot_training_and_scores (chapter 11)
+def test_plot_training_and_scores_aligns_the_losses_and_the_scores_on_one_axis():
+    its = [0, 20, 40]
+    losses = {"validation": [2.3, 1.9, 1.3]}
+    scores = {"previous-token": [0.1, 0.9, 0.9], "induction": [0.1, 0.1, 0.95]}
+    loss_ax, score_ax = viz.plot_training_and_scores(its, losses, scores, floor=1.28,
+                                                     title="recall")
+    lines = {line.get_label(): line for line in loss_ax.get_lines()}
+    np.testing.assert_array_equal(lines["validation"].get_xdata(), its)
+    np.testing.assert_allclose(lines["validation"].get_ydata(), losses["validation"])
+    assert lines["theory: floor"].get_linestyle() == "--"
+    np.testing.assert_allclose(lines["theory: floor"].get_ydata(), [1.28, 1.28])
+    drawn = {line.get_label(): line for line in score_ax.get_lines()}
+    assert set(drawn) == set(scores)
+    np.testing.assert_allclose(drawn["induction"].get_ydata(), scores["induction"])
+    assert score_ax.get_ylim() == (0, 1.05) and score_ax.get_xlabel() == "iteration"
+    assert loss_ax.get_shared_x_axes().joined(loss_ax, score_ax)  # one axis of iterations
+    assert loss_ax.get_title() == "recall" and loss_ax.figure.get_size_inches()[0] <= 7.2
+    plt.close(loss_ax.figure)
+
+
+def test_plot_training_and_scores_draws_on_given_axes_without_a_floor():
+    fig, axes = plt.subplots(2, 1)
+    drawn = viz.plot_training_and_scores([1, 2], {"loss": [2.0, 1.0]}, {"s": [0.0, 1.0]},
+                                         axes=list(axes), score_label="score")
+    assert drawn == list(axes) and axes[1].get_ylabel() == "score"
+    assert [line.get_label() for line in axes[0].get_lines()] == ["loss"]
+    plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    "args, options, error, phrase",
+    [
+        (([1, 2], [1.0, 2.0], {"s": [0.1, 0.2]}), {}, TypeError, r"losses must be a non-empty"),
+        (([1, 2], {"l": [1.0, 2.0]}, {}), {}, TypeError, r"scores must be a non-empty"),
+        (([1, 2], {"l": [1.0]}, {"s": [0.1, 0.2]}), {}, ValueError,
+         r"losses\['l'\] must have one value per iteration"),
+        (([[1, 2]], {"l": [1.0]}, {"s": [0.1]}), {}, ValueError, r"iterations must be"),
+        (([1, 2], {"l": [1.0, 2.0]}, {"s": [0.1, 0.2]}), dict(floor="1"), TypeError,
+         r"floor must be a finite number"),
+        (([1, 2], {"l": [1.0, 2.0]}, {"s": [0.1, 0.2]}), dict(axes="ab"), TypeError,
+         r"axes must be"),
+    ],
+)
+def test_plot_training_and_scores_bad_arguments(args, options, error, phrase):
+    with pytest.raises(error, match=phrase):
+        viz.plot_training_and_scores(*args, **options)
+    plt.close("all")

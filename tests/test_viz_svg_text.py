@@ -111,6 +111,10 @@ PLOTS = {
         logx=True, logy=True, xlabel="T", ylabel="influence", title="curves").figure,
     "plot_blocks": lambda: viz.plot_blocks(torch.tensor([[2, 0], [2, 1]]), title="grid").figure,
     "plot_training": lambda: viz.plot_training(_a_result(), floor=1.5, title="run")[0].figure,
+    "plot_training_and_scores": lambda: viz.plot_training_and_scores(
+        [20, 40, 60], {"validation": [2.1, 1.7, 1.3], "train": [2.2, 1.8, 1.3]},
+        {"previous-token, layer 0 head 1": [0.3, 0.9, 0.95],
+         "induction, layer 1 head 0": [0.1, 0.2, 0.9]}, floor=1.28, title="run")[0].figure,
 }
 
 

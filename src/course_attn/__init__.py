@@ -61,6 +61,7 @@ from .data.text import (
 )
 from .env import environment_report, pick_device, seed_everything
 from .lab.analysis import (
+    HeadScoreTracker,
     attention_maps,
     cross_attention_maps,
     induction_attention_score,
@@ -113,6 +114,7 @@ __all__ = [
     "diagrams",
     "measure",
     "download_tiny_shakespeare",
+    "HeadScoreTracker",
     "attention_maps",
     "cross_attention_maps",
     "induction_attention_score",

@@ -11,31 +11,136 @@ same functions, and cached as data in ``ablation_runs.json`` beside this module:
 * :func:`task_parts`: which predicted positions ask for what (the copy task's
   noise and copied halves; the recall task's keys and values);
 * :func:`position_losses` and :func:`part_means`: the loss at each position on
-  fresh sequences, and its mean over each part.
+  fresh sequences, and its mean over each part;
+* :func:`ablated_model`: a fresh model with one part of :data:`ABLATIONS` taken away,
+  seeded (``tools/ablation_long_runs.py`` trains every row with three seeds);
+* :func:`heads_removed`: chosen heads of a trained model silenced (zero-ablation), to
+  measure what each head contributes rather than where it looks.
+
+:data:`LONG_RUNS`, :data:`SHORT_RUNS` and :data:`VARIANT_RUNS` are the record that script
+writes: every row with seeds 0, 1 and 2 (seed 0 is the chapter's own run).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+from collections.abc import Iterable, Iterator
 from importlib import resources
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from .._validation import check_nonnegative_int, check_positive_int
+from ..core.attention import ATTENTION_FUNCTIONS
 from ..data.tasks import CopyTask, RecallTask
-from ..models.gpt import MiniGPT
+from ..models.gpt import GPTConfig, MiniGPT
 
-__all__ = ["LONG_RUNS", "freeze_positions", "part_means", "position_losses", "task_parts"]
+__all__ = ["ABLATIONS", "LONG_RUNS", "SHORT_RUNS", "VARIANT_RUNS", "ablated_model",
+           "freeze_positions", "heads_removed", "no_causal_mask_attention", "part_means",
+           "position_losses", "task_parts"]
+
+_RECORD: dict[str, Any] = json.loads(
+    resources.files(__package__).joinpath("ablation_runs.json").read_text(encoding="utf-8"))
 
 #: The long-trained rows of chapter 11's ablation table, by ``"task, change"``: each with
-#: the task, model and training settings it ran with and its mean losses (nats) overall and
-#: per part (:func:`part_means`). Data, written by ``tools/ablation_long_runs.py``.
-LONG_RUNS: dict[str, dict[str, Any]] = json.loads(
-    resources.files(__package__).joinpath("ablation_runs.json").read_text(encoding="utf-8")
-)["runs"]
+#: the task, model and training settings it ran with (seed 0's), its mean losses (nats)
+#: overall and per part (:func:`part_means`) for seed 0 (``"losses"``) and for every seed
+#: (``"seed_losses"``, seeds ``"seeds"``), and a short ``"probe"`` run that
+#: ``tests/test_ablation.py`` repeats, so that a cache the code no longer reproduces fails.
+#: Data, written by ``tools/ablation_long_runs.py``.
+LONG_RUNS: dict[str, dict[str, Any]] = _RECORD["runs"]
+#: Every row of chapter 11's ablation table at the chapter's 200 iterations, by
+#: ``"task, change"``, with the same fields as :data:`LONG_RUNS` (no probe): the spread
+#: over seeds of the rows the notebook trains once.
+SHORT_RUNS: dict[str, dict[str, Any]] = _RECORD.get("short_runs", {})
+#: Section 11.4's recall runs of 500 iterations over seeds: the chapter's ``init_std=0.1``,
+#: GPT-2's ``0.02``, and RoPE with one key/value head; same fields as :data:`SHORT_RUNS`.
+VARIANT_RUNS: dict[str, dict[str, Any]] = _RECORD.get("variant_runs", {})
+
+#: The rows of chapter 11's ablation table: the full model, then one part taken away.
+ABLATIONS: tuple[str, ...] = ("full model", "no positions", "no causal mask", "one layer")
+
+
+def no_causal_mask_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
+                             is_causal: bool, **options: Any) -> tuple[Tensor, Tensor | None]:
+    """The manual attention path with no mask at all: any query sees any key (Chapter 11).
+
+    An ``attention_fn`` for :class:`MiniGPT` (the signature of the attention paths); the
+    ablation's "no causal mask" row, which chapter 11 writes out as ``sees_the_future``.
+    Like the paths it wraps, it checks nothing.
+    """
+    return ATTENTION_FUNCTIONS["manual"](q, k, v, None, is_causal=False, **options)
+
+
+def ablated_model(config: GPTConfig, change: str, *, seed: int = 0) -> MiniGPT:
+    """A fresh :class:`MiniGPT` of ``config`` with one part taken away (Chapter 11).
+
+    ``change`` is one of :data:`ABLATIONS`: ``"full model"`` (nothing), ``"no positions"``
+    (:func:`freeze_positions`), ``"no causal mask"`` (:func:`no_causal_mask_attention`)
+    or ``"one layer"`` (``n_layers=1``). ``torch.manual_seed(seed)`` is called just before
+    the model is built, as the chapter does with seed 0.
+    """
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+    if change not in ABLATIONS:
+        raise ValueError(f"change must be one of {', '.join(map(repr, ABLATIONS))}, "
+                         f"got {change!r}")
+    check_nonnegative_int(seed, "seed")
+    if change == "one layer":
+        config = dataclasses.replace(config, n_layers=1)
+    torch.manual_seed(seed)
+    future = no_causal_mask_attention if change == "no causal mask" else None
+    model = MiniGPT(config, attention_fn=future)
+    return freeze_positions(model) if change == "no positions" else model
+
+
+@contextlib.contextmanager
+def heads_removed(model: MiniGPT, heads: Iterable[tuple[int, int]]) -> Iterator[MiniGPT]:
+    """Within the ``with`` block, the given heads of ``model`` contribute nothing (Chapter 11).
+
+    ``heads`` are ``(layer, head)`` pairs. Each head's slice of the input of its layer's
+    ``out_proj`` (the ``head_dim`` columns it writes) is set to zero by a forward pre-hook:
+    *zero-ablation*. The weights a head computes, and so the scores of
+    :func:`~course_attn.lab.analysis.attention_maps`, are left as they are; only what the
+    head adds to the residual stream is gone (its share of ``out_proj``'s bias stays, being
+    no head's). The hooks are removed on leaving the block, even after an error. Zero is a
+    harsher replacement than a head's mean output, so a loss measured without a head is an
+    upper bound on what the head is worth.
+    """
+    if not isinstance(model, MiniGPT):
+        raise TypeError(f"model must be a MiniGPT, got {type(model).__name__}")
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    chosen: dict[int, list[int]] = {}
+    for pair in heads:
+        if (not isinstance(pair, tuple) or len(pair) != 2
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in pair)):
+            raise TypeError(f"heads must be (layer, head) pairs of ints, got {pair!r}")
+        layer, head = pair
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise ValueError(f"heads: ({layer}, {head}) is not a head of this model "
+                             f"({n_layers} layers of {n_heads} heads)")
+        chosen.setdefault(layer, []).append(head)
+    width = model.config.d_model // n_heads  # head_dim: the columns one head writes
+
+    def silence(silenced: list[int]):
+        def hook(module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+            out = args[0].clone()  # (B, T, H * head_dim): the heads side by side
+            for head in silenced:
+                out[..., head * width:(head + 1) * width] = 0
+            return (out, *args[1:])
+        return hook
+
+    hooks = [model.blocks[layer].get_submodule("self_attn.out_proj")
+             .register_forward_pre_hook(silence(hs)) for layer, hs in chosen.items()]
+    try:
+        yield model
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def _check_task(task: object) -> CopyTask | RecallTask:

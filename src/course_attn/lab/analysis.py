@@ -6,7 +6,9 @@ Given a head's weights, :func:`offset_attention_score` measures how much a
 query looks a fixed number of positions back (a previous-token head, or the
 copying pattern on :class:`~course_attn.data.tasks.CopyTask`), and
 :func:`induction_attention_score` how much it looks at the token after an
-earlier copy of its own token (an induction head).
+earlier copy of its own token (an induction head). :class:`HeadScoreTracker` records both
+scores for every head at each evaluation of a training run, so that a chapter can plot when
+a head forms against the loss.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from torch import Tensor, nn
 
 from ..models.encoder_decoder import EncoderDecoder
 
-__all__ = ["attention_maps", "cross_attention_maps", "induction_attention_score",
-           "offset_attention_score"]
+__all__ = ["HeadScoreTracker", "attention_maps", "cross_attention_maps",
+           "induction_attention_score", "offset_attention_score"]
 
 
 @torch.no_grad()
@@ -203,3 +205,78 @@ def induction_attention_score(
     return score.squeeze(-1) if squeeze else score
 
 
+
+
+def _check_positions(positions: object, name: str, time: int) -> Tensor | None:
+    if positions is None:
+        return None
+    if not isinstance(positions, Tensor) or positions.dim() != 1 or positions.dtype in (
+            torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"{name} must be None or a 1-D tensor of integer query positions "
+                        f"(Q,), got {positions!r}")
+    if positions.numel() == 0 or int(positions.min()) < 1 or int(positions.max()) >= time:
+        raise ValueError(f"{name} must hold positions in [1, T={time}) (a query with a "
+                         f"token before it), got {positions.tolist()}")
+    return positions
+
+
+class HeadScoreTracker:
+    """Every head's previous-token and induction scores, recorded during training (Ch. 11).
+
+    An ``on_eval`` callback for :func:`course_attn.train.train`: called as
+    ``tracker(iteration, model, result)`` after every evaluation (call it once with
+    ``iteration=0`` before training for the untrained model), it reads every head's
+    attention weights on the fixed sequences ``tokens (B, T)`` with :func:`attention_maps`
+    and records
+
+    * ``previous_token[i]`` ``(L, H)``: the mean weight a query puts on the key just before
+      it, over ``previous_queries`` (positions ``(Q,)``; default every query from 1, as
+      :func:`offset_attention_score` with ``offset=1`` scores);
+    * ``induction[i]`` ``(L, H)``: :func:`induction_attention_score` over
+      ``induction_queries`` (default every query);
+
+    with the iteration in ``iterations[i]``. It only reads the model (in eval mode, without
+    gradients; :func:`attention_maps` puts the training mode back), so the run's losses are
+    those of a run without it. :meth:`history` stacks what it recorded.
+    """
+
+    def __init__(self, tokens: Tensor, *, previous_queries: Tensor | None = None,
+                 induction_queries: Tensor | None = None) -> None:
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+            raise TypeError(f"tokens must be a tensor (B, T) of token ids, got {tokens!r}")
+        time = tokens.shape[1]
+        self.tokens = tokens
+        self.previous_queries = _check_positions(previous_queries, "previous_queries", time)
+        self.induction_queries = induction_queries
+        # fails now, not after the first evaluation, if no scored query has an earlier copy
+        probe = torch.zeros(tokens.shape[0], 1, time, time)
+        induction_attention_score(probe, tokens, queries=induction_queries)
+        self.iterations: list[int] = []
+        self.previous_token: list[Tensor] = []
+        self.induction: list[Tensor] = []
+
+    def __call__(self, iteration: int, model: nn.Module, result: object = None) -> None:
+        """Score every head of ``model`` now and record it under ``iteration``."""
+        if isinstance(iteration, bool) or not isinstance(iteration, int):
+            raise TypeError(f"iteration must be an int >= 0, got {iteration!r}")
+        if iteration < 0:
+            raise ValueError(f"iteration must be an int >= 0, got {iteration}")
+        device = next(model.parameters()).device
+        maps = attention_maps(model, self.tokens.to(device)).float().cpu()  # (L, B, H, T, T)
+        if self.previous_queries is None:
+            previous = offset_attention_score(maps.mean(dim=1), 1)  # (L, H)
+        else:
+            q = self.previous_queries.cpu()
+            previous = maps[..., q, q - 1].mean(dim=(1, 3))  # (L, B, H, Q) -> (L, H)
+        self.iterations.append(iteration)
+        self.previous_token.append(previous)
+        self.induction.append(induction_attention_score(maps, self.tokens.cpu(),
+                                                        queries=self.induction_queries))
+
+    def history(self) -> tuple[list[int], Tensor, Tensor]:
+        """``(iterations, previous_token (N, L, H), induction (N, L, H))`` for N records."""
+        if not self.iterations:
+            raise ValueError("the tracker has recorded nothing yet: pass it to "
+                             "train(..., on_eval=tracker), or call tracker(0, model)")
+        return (list(self.iterations), torch.stack(self.previous_token),
+                torch.stack(self.induction))

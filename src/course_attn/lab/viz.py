@@ -50,6 +50,7 @@ __all__ = [
     "plot_mask",
     "plot_training",
     "raise_small_text",
+    "plot_training_and_scores",
     "readable_font_size",
     "use_sharp_figures",
     "keep_spaces",
@@ -990,6 +991,76 @@ def plot_training(
     lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
     _fit_text(loss_ax, lr_ax)
     return [loss_ax, lr_ax]
+
+
+def _named_curves(xs: np.ndarray, curves: object, name: str) -> dict[str, np.ndarray]:
+    """``curves`` checked as :func:`_check_curves` does, its errors naming the argument."""
+    if not isinstance(curves, dict) or not curves:
+        raise TypeError(f"{name} must be a non-empty dict of label -> values, got {curves!r}")
+    series = {}
+    for label, values in curves.items():
+        ys = _to_numpy(values, f"{name}[{label!r}]")
+        if ys.shape != xs.shape:
+            raise ValueError(f"{name}[{label!r}] must have one value per iteration, shape "
+                             f"{xs.shape}, got {ys.shape}")
+        series[str(label)] = ys
+    return series
+
+
+def plot_training_and_scores(
+    iterations: object,
+    losses: dict[str, object],
+    scores: dict[str, object],
+    *,
+    floor: float | None = None,
+    axes: Sequence[Axes] | None = None,
+    title: str | None = None,
+    score_label: str = "head score",
+) -> list[Axes]:
+    """Losses above, head scores below, on one shared axis of iterations (chapter 11).
+
+    ``losses`` and ``scores`` map a legend label to a 1-D series with one value per entry of
+    ``iterations`` (the evaluations of a run, e.g. a
+    :class:`~course_attn.lab.analysis.HeadScoreTracker`'s), so that the moment a head forms
+    lines up with what the loss does then. ``floor``, if given, is drawn dashed in the upper
+    panel as the best possible loss; the lower panel runs from 0 to 1 (a score is a share of
+    attention weight). Without ``axes`` a new 7 x 5.6 inch figure is made.
+    Returns ``[loss_axes, score_axes]``.
+    """
+    xs = _to_numpy(iterations, "iterations")
+    if xs.ndim != 1 or xs.size == 0:
+        raise ValueError(f"iterations must be a non-empty 1-D series, got shape {xs.shape}")
+    upper, lower = (_named_curves(xs, curves, name)
+                    for curves, name in ((losses, "losses"), (scores, "scores")))
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, int | float)
+                              or not np.isfinite(floor)):
+        raise TypeError(f"floor must be a finite number or None, got {floor!r}")
+    if axes is None:
+        _, grid = plt.subplots(2, 1, figsize=(COLUMN_WIDTH, 5.6), sharex=True,
+                               gridspec_kw={"height_ratios": [3, 2]})
+        axes = list(grid)
+    if not hasattr(axes, "__len__") or isinstance(axes, Axes) or len(axes) != 2:
+        raise TypeError("axes must be a sequence of 2 matplotlib Axes (losses, scores) or None")
+    for ax in axes:
+        _check_ax(ax, "axes")
+    loss_ax, score_ax = axes
+    for label, ys in upper.items():
+        loss_ax.plot(xs, ys, "-o", markersize=3, label=label)
+    if floor is not None:
+        loss_ax.axhline(floor, color="black", linestyle="--", linewidth=1,
+                        label="theory: floor")
+    loss_ax.set_ylabel("loss (nats)")
+    loss_ax.legend()
+    if title:
+        loss_ax.set_title(title)
+    for label, ys in lower.items():
+        score_ax.plot(xs, ys, "-o", markersize=3, label=label)
+    score_ax.set_ylim(0, 1.05)
+    score_ax.set_xlabel("iteration")
+    score_ax.set_ylabel(score_label)
+    score_ax.legend()
+    _fit_text(loss_ax, score_ax)
+    return [loss_ax, score_ax]
 
 
 def _numbers(n: int) -> list[str]:
