@@ -12,8 +12,11 @@ import torch
 
 from course_attn.data.tasks import CopyTask, RecallTask
 from course_attn.lab.variant_runs import (
+    RECALL_POSITION_KINDS,
     VARIANT_RECORD,
     VARIANT_RUNS,
+    previous_token_head,
+    recall_gap_by_kind,
     recall_lookup_distances,
     recall_oracle_losses,
 )
@@ -82,6 +85,55 @@ def test_the_oracle_is_the_loss_of_its_own_predictions():
     torch.testing.assert_close(paid, recall_oracle_losses(task, x))
 
 
+def test_gap_by_kind_of_a_hand_made_sequence():
+    gap = torch.arange(9, dtype=torch.float64)[None]  # (1, 9): position t pays t
+    # value positions 1, 3, 5, 7; new keys at 0, 2, 6; look-ups 3 back at 4 and 8
+    assert recall_gap_by_kind(gap, HAND, seen=3) == pytest.approx(
+        {"next_key": 16 / 9, "new_value": 8 / 9, "seen_lookup": 12 / 9, "unseen_lookup": 0.0})
+    assert recall_gap_by_kind(gap, HAND, seen=2) == pytest.approx(
+        {"next_key": 16 / 9, "new_value": 8 / 9, "seen_lookup": 0.0, "unseen_lookup": 12 / 9})
+
+
+def test_gap_by_kind_adds_up_to_the_mean_gap():
+    task = RecallTask(n_keys=4, n_values=8, n_pairs=16, max_step=2)
+    x, _ = task.get_batch("val", 64, generator=torch.Generator().manual_seed(4))
+    gap = torch.rand(x.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    parts = recall_gap_by_kind(gap, x, seen=13)
+    assert tuple(parts) == RECALL_POSITION_KINDS
+    assert sum(parts.values()) == pytest.approx(gap.mean().item(), abs=1e-12)
+    assert parts["unseen_lookup"] > 0  # 31 tokens hold look-ups further back than 13
+
+
+def test_previous_token_head_of_hand_made_maps():
+    # T = 7, trained length 3: value position 1 is inside, 3 and 5 beyond it
+    T = 7
+    causal = torch.tril(torch.ones(T, T, dtype=torch.float64))
+    maps = (causal / causal.sum(-1, keepdim=True)).expand(2, 1, 2, T, T).clone()
+    sharp = torch.zeros(T, T, dtype=torch.float64)
+    sharp[1, 0] = 1.0  # inside: all its weight 1 back
+    sharp[3, 2], sharp[3, 0] = 0.5, 0.5  # beyond: half 1 back, half 3 back (never seen)
+    sharp[5, 4], sharp[5, 1] = 0.25, 0.75  # a quarter 1 back, the rest 4 back
+    for t in (0, 2, 4, 6):
+        sharp[t, t] = 1.0
+    maps[1, 0, 1] = sharp
+    found = previous_token_head(maps, trained_length=3)
+    assert found == pytest.approx({"layer": 1, "head": 1, "back_1_within": 1.0,
+                                   "back_1_beyond": 0.375, "unseen_beyond": 0.625})
+
+
+@pytest.mark.parametrize(("call", "error", "phrase"), [
+    (lambda: recall_gap_by_kind(torch.zeros(1, 8, dtype=torch.float64), HAND, 3), ValueError,
+     "shape of x"),
+    (lambda: recall_gap_by_kind(torch.zeros(1, 9), HAND, -1), ValueError, "seen"),
+    (lambda: previous_token_head(torch.zeros(1, 1, 1, 5, 5), 4), ValueError,
+     "trained_length"),
+    (lambda: previous_token_head(torch.zeros(1, 5, 5), 2), ValueError, "maps"),
+])
+def test_bad_arguments_of_the_splits_are_named(call, error, phrase):
+    with pytest.raises(error, match=phrase):
+        call()
+
+
 @pytest.mark.parametrize(("call", "error", "phrase"), [
     (lambda: recall_lookup_distances(HAND.float()), TypeError, "token ids"),
     (lambda: recall_lookup_distances(HAND[0]), ValueError, "x"),
@@ -128,3 +180,12 @@ def test_the_recorded_losses_agree_with_the_oracle_and_the_floor():
             assert run["above_oracle"] > -0.02
             if name in script.LENGTH_TESTED:
                 assert run["lookup_loss_seen_2T"] >= 0 and run["lookup_loss_unseen_2T"] >= 0
+                parts = run["above_oracle_2T_by_kind"]
+                assert tuple(parts) == RECALL_POSITION_KINDS
+                assert sum(parts.values()) == pytest.approx(run["above_oracle_2T"], abs=1e-12)
+                assert tuple(run["above_oracle_2T_by_kind_window"]) == RECALL_POSITION_KINDS
+                head = run["previous_token_head_2T"]
+                assert 0 <= head["layer"] < entry["model"]["n_layers"]
+                assert 0 <= head["head"] < entry["model"]["n_heads"]
+                assert all(0 <= head[key] <= 1 for key in
+                           ("back_1_within", "back_1_beyond", "unseen_beyond"))

@@ -25,15 +25,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._validation import check_tensor
+from .._validation import check_nonnegative_int, check_positive_int, check_tensor
 from ..data.tasks import RecallTask
 
-__all__ = ["VARIANT_RUNS", "recall_lookup_distances", "recall_oracle_losses"]
+__all__ = ["RECALL_POSITION_KINDS", "VARIANT_RUNS", "previous_token_head",
+           "recall_gap_by_kind", "recall_lookup_distances", "recall_oracle_losses"]
 
 #: Chapter 10's variants trained with several seeds, by variant name (``"MHA"``, ``"GQA"``,
-#: ``"MQA"``, ``"window 2"``, ``"learned"``, ``"linear"``, ``"sinusoidal"``, ``"ALiBi"``, and
-#: the wide-ring pair ``"wide ring, softmax"`` and ``"wide ring, linear"``): the settings
-#: each ran with and, per seed, the losses measured as the chapter measures them. Data,
+#: ``"MQA"``, ``"window 2"``, ``"learned"``, ``"linear"``, ``"sinusoidal"`` and ``"ALiBi"``):
+#: the settings each ran with and, per seed, the losses measured as the chapter measures them. Data,
 #: written by ``tools/variant_seed_runs.py``; the file's ``"about"`` says what each field is.
 VARIANT_RECORD: dict[str, Any] = json.loads(
     resources.files(__package__).joinpath("variant_runs.json").read_text(encoding="utf-8")
@@ -87,3 +87,68 @@ def recall_oracle_losses(task: RecallTask, x: Tensor) -> Tensor:
     keys = distances[:, 0::2]  # (B, P): the key positions, each predicting its value
     losses[:, 0::2] = torch.where(keys < 0, math.log(task.n_values), 0.0).double()
     return losses
+
+
+#: The kinds of position of a recall sequence, as :func:`recall_gap_by_kind` splits a loss.
+RECALL_POSITION_KINDS = ("next_key", "new_value", "seen_lookup", "unseen_lookup")
+
+
+def recall_gap_by_kind(gap: Tensor, x: Tensor, seen: int) -> dict[str, float]:
+    """How much of a mean loss gap each kind of position of a recall batch holds (Chapter 10).
+
+    ``gap (B, T)`` is a model's loss minus the oracle's (:func:`recall_oracle_losses`) at each
+    position of the inputs ``x (B, T)``. Each kind of :data:`RECALL_POSITION_KINDS` gets
+    ``gap`` summed over its positions and divided by ``gap.numel()``, so the four add up to
+    ``gap.mean()``:
+
+    * ``"next_key"``: the value positions (odd), whose target is the next key, one to
+      ``max_step`` steps round the ring from the key one position back;
+    * ``"new_value"``: a key seen for the first time, whose value nothing can tell;
+    * ``"seen_lookup"``: a repeated key whose value sits at most ``seen`` positions back;
+    * ``"unseen_lookup"``: a repeated key whose value sits further back than ``seen``.
+    """
+    check_tensor(gap, "gap", ndim=2)
+    check_tensor(x, "x", ndim=2, floating=False)
+    seen = check_nonnegative_int(seen, "seen")
+    if gap.shape != x.shape:
+        raise ValueError(f"gap must have the shape of x, {tuple(x.shape)}, got "
+                         f"{tuple(gap.shape)}")
+    dist = recall_lookup_distances(x)  # (B, T): -1 = nothing to look up
+    is_key = (torch.arange(x.shape[1], device=x.device) % 2 == 0).expand_as(x)  # (B, T)
+    kinds = {"next_key": ~is_key, "new_value": is_key & (dist < 0),
+             "seen_lookup": (dist >= 0) & (dist <= seen), "unseen_lookup": dist > seen}
+    total = gap.double()
+    return {kind: (total * where).sum().item() / gap.numel() for kind, where in kinds.items()}
+
+
+def previous_token_head(maps: Tensor, trained_length: int) -> dict[str, float]:
+    """Where a recall model's sharpest previous-token head looks past its trained length (Ch. 10).
+
+    ``maps (L, B, H, T, T)`` are the attention weights of every head
+    (:func:`course_attn.lab.analysis.attention_maps`) on recall inputs of length ``T`` longer
+    than ``trained_length``. At a value position (odd), the target is the next key, found from
+    the key one position back. The head with the most weight one back at the value positions
+    below ``trained_length`` is the model's previous-token head. Returned: its ``"layer"`` and
+    ``"head"``; its mean weight one back at the value positions below ``trained_length``
+    (``"back_1_within"``) and at those from ``trained_length`` on (``"back_1_beyond"``); and
+    the mean weight those later positions put on keys more than ``trained_length - 1`` back
+    (``"unseen_beyond"``), distances that no sequence of ``trained_length`` tokens holds.
+    """
+    check_tensor(maps, "maps", ndim=5)
+    trained_length = check_positive_int(trained_length, "trained_length")
+    length = maps.shape[-1]
+    if not 2 <= trained_length < length - 1 or maps.shape[-2] != length:
+        raise ValueError(f"maps must be (L, B, H, T, T) with T > trained_length + 1 and "
+                         f"trained_length >= 2, got shape {tuple(maps.shape)} and "
+                         f"trained_length {trained_length}")
+    positions = torch.arange(length, device=maps.device)
+    within = positions[1:trained_length:2]  # value positions inside the trained length
+    beyond = positions[trained_length + (trained_length % 2 == 0)::2]  # odd, >= trained_length
+    back_1 = maps.diagonal(offset=-1, dim1=-2, dim2=-1)  # (L, B, H, T - 1): query t, key t - 1
+    within_1 = back_1[..., within - 1].mean(dim=(1, 3))  # (L, H)
+    layer, head = divmod(int(within_1.argmax()), within_1.shape[1])
+    rows = maps[layer, :, head]  # (B, T, T): that head's weights
+    far = (positions[:, None] - positions[None, :]) >= trained_length  # (T, T): unseen
+    return {"layer": layer, "head": head, "back_1_within": within_1[layer, head].item(),
+            "back_1_beyond": back_1[layer, :, head][:, beyond - 1].mean().item(),
+            "unseen_beyond": (rows[:, beyond] * far[beyond]).sum(dim=-1).mean().item()}
