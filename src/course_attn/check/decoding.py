@@ -171,11 +171,11 @@ def kv_cache_step(fn: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> CheckResu
 
 
 def _real_only(fn: Any, positional: tuple[Any, ...], keyword: dict[str, Any]) -> object:
-    """The positions of the real tokens (any integer dtype will do); the pads' are 0."""
+    """The positions of the real tokens, in the dtype they came in; the pads' are 0."""
     got = call(fn, positional, keyword)
     mask = positional[0]
     if isinstance(got, Tensor) and got.shape == mask.shape and not got.is_floating_point():
-        return torch.where(mask, got.long(), torch.zeros_like(got, dtype=torch.long))
+        return torch.where(mask, got, torch.zeros_like(got))
     return got
 
 
@@ -189,12 +189,19 @@ POSITIONS_MISTAKES = (
     Mistake(lambda mask: mask.long().cumsum(0) - 1,
             f"count along each row (dim=-1, the time axis), not down the batch "
             f"({section('8.3')})"),
+    Mistake(lambda mask: torch.arange(mask.shape[1]) - (~mask).long().sum(-1, keepdim=True),
+            f"subtract only the pads before a token, not every pad of its row: a right-padded "
+            f"row's pads come after its real tokens ({section('8.3')})"),
 )
 LEFT = reference_padding([2, 4, 3], 4, side="left")
 
 
 def _floating(got: object, expected: object, inputs: Inputs) -> bool:
     return isinstance(got, Tensor) and got.is_floating_point()
+
+
+def _not_long(got: object, expected: object, inputs: Inputs) -> bool:
+    return isinstance(got, Tensor) and not got.is_floating_point() and got.dtype != torch.long
 
 
 def _positions_case(plan: str, mask: Tensor, describe: str) -> Case:
@@ -215,15 +222,19 @@ POSITIONS = Check("positions", reference_positions, (
                     "appended, shape (3, 6)"),
 ), params=("attention_mask",), mistakes=POSITIONS_MISTAKES,
     properties=(Property(_floating, f"positions are integers (torch.long): they index a table "
-                                    f"of positions ({section('8.3')})"),))
+                                    f"of positions ({section('8.3')})"),
+                Property(_not_long, f"return torch.long (int64) positions, as the exercise "
+                                    f"says: the index dtype of PyTorch (torch.gather takes no "
+                                    f"other), so no .int(); cumsum of a bool mask is long "
+                                    f"already ({section('8.3')})")))
 
 
 def positions(fn: Callable[[Tensor], Tensor]) -> CheckResult:
     """Check positions over the real tokens, ``fn(attention_mask) -> (B, T)`` long (Chapter 8).
 
-    ``attention_mask (B, T)`` is bool, ``True`` on real tokens; the result holds each real
-    token's position counted from its row's first real token (the pads' entries are not
-    compared; any integer dtype will do). With a cache the mask covers the cached tokens,
-    so the new tokens' positions continue after them (section 8.3).
+    ``attention_mask (B, T)`` is bool, ``True`` on real tokens; the result, ``torch.long``,
+    holds each real token's position counted from its row's first real token (the pads'
+    entries are not compared). With a cache the mask covers the cached tokens, so the new
+    tokens' positions continue after them (section 8.3).
     """
     return run_check(POSITIONS, fn)
