@@ -260,6 +260,13 @@ def _squeezed(difference: Difference) -> bool:
         tuple(g.shape) == tuple(s for s in e.shape if s != 1) and g.shape != e.shape
 
 
+def _flattened(difference: Difference) -> bool:
+    """The expected leading dimensions folded into one: a 2-D product never reshaped back."""
+    e, g = difference.expected_part, difference.got_part
+    return isinstance(e, Tensor) and isinstance(g, Tensor) and e.dim() > 2 and \
+        g.dim() == 2 and g.shape[-1] == e.shape[-1] and g.shape[0] == e.shape[:-1].numel()
+
+
 def _generic(difference: Difference, case: Case) -> str:
     """What a failing output is told when no mistake and no property names it better: the
     property that fails (a missing size-1 dimension, the dtype, the shape, NaN), then, where
@@ -269,6 +276,10 @@ def _generic(difference: Difference, case: Case) -> str:
     if difference.kind == "shape" and _squeezed(difference):
         return ("a dimension of size 1 is missing from your result (a .squeeze()?): keep "
                 "every dimension, even one of size 1" + cite)
+    if difference.kind == "shape" and _flattened(difference):
+        return (f"your result lost its leading dimensions, {tuple(e.shape)} flattened to "
+                f"{tuple(g.shape)}: keep them (reshape back after a 2-D product, or use @, "
+                f"which broadcasts over them)" + cite)
     if difference.kind == "dtype" and isinstance(e, Tensor) and e.dtype == torch.bool:
         return "return a boolean mask (dtype torch.bool, True = may attend), not numbers" + cite
     if difference.kind == "dtype" and isinstance(e, Tensor):
