@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..core.attention import scaled_dot_product_attention as reference_attention
 from ..core.self_attention import SelfAttention as ReferenceSelfAttention
-from .common import F64, gen, gradient_properties, not_normalised, randn
+from .common import F64, gen, gradient_properties, shared_projections, not_normalised, randn
 from .harness import gradients, layer_forward, layer_structure, seeded_linears
 from .report import CheckResult, section
 from .runner import Case, Check, Harness, Inputs, Mistake, Property, args, call, run_check
@@ -162,7 +162,8 @@ SELF_ATTENTION_LAYER = Check("self_attention_layer", ReferenceSelfAttention, (
     Case("the class builds q_proj, k_proj, v_proj: nn.Linear(d_in=6, d_out=4, bias=False)",
          lambda: args((6, 4)), "SelfAttention(d_in=6, d_out=4)", NAMES_HINT, "3.5",
          harness=layer_structure(LAYER_NAMES),
-         properties=(Property(_has_bias, f"your projections have a bias: the exercise builds "
+         properties=(shared_projections("3.5"),
+                     Property(_has_bias, f"your projections have a bias: the exercise builds "
                                          f"nn.Linear(d_in, d_out, bias=False), and the check "
                                          f"does not zero a bias for you ({section('3.5')})"),)),
     _layer_case("x (2, 5, 6), float64, against course_attn.SelfAttention with the same weights, "

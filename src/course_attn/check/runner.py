@@ -9,8 +9,9 @@ private copy before the learner's code runs, calls the learner's code on another
 and compares the result and the inputs afterwards (a function must not change its
 arguments). At the first case that fails it picks the hint: a known mistake only where its
 output differs from the expected one and matches the learner's at the tolerance a pass
-uses, and that gives the reference's value on every case passed before; then a changed
-argument; then a failing property; then the case's own hint.
+uses, and that gives the reference's value on every case passed before (with a changed
+argument named after it, where there is one); then a changed argument; then a failing
+property; then the case's own hint.
 """
 
 from __future__ import annotations
@@ -386,8 +387,11 @@ class Run:
             claimed = [m for m in self.check.mistakes
                        if self._claims(case, base, m, expected, got) and self._consistent(m)]
             if claimed:  # two mistakes that give the same output here: both are named
-                return claimed[0].hint if len(claimed) == 1 else \
+                told = claimed[0].hint if len(claimed) == 1 else \
                     f"{claimed[0].hint}; or else: {claimed[1].hint}"
+                if change is not None:  # a second mistake, as real as the first
+                    told += f"; and {_mutation_hint(change[0])}"
+                return told
         if change is not None:
             return f"{_mutation_hint(change[0])} ({section(case.section)})"
         assert difference is not None  # a case without a change failed on its value
