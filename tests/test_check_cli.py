@@ -31,8 +31,8 @@ from torch import nn
 
 
 def softmax(x, temperature=1.0):
-    x = x / temperature
-    e = (x - x.amax(dim=-1, keepdim=True)).exp()
+    x = (x - x.amax(dim=-1, keepdim=True)) / temperature
+    e = x.exp()
     return e / e.sum(dim=-1, keepdim=True)
 
 
@@ -192,7 +192,7 @@ def test_a_function_that_hangs_is_reported_with_its_case_and_the_others_still_ru
 
 
 def test_sys_exit_in_a_checked_function_is_that_checks_failure(tmp_path, capsys):
-    source = CORRECT.replace("    x = x / temperature\n", "    raise SystemExit(4)\n")
+    source = CORRECT.replace("    e = x.exp()\n", "    raise SystemExit(4)\n")
     assert main([str(write(tmp_path, source))]) == EXIT_FAILED
     out = capsys.readouterr().out
     assert "got:      SystemExit: 4" in out and out.splitlines()[-1] == "2 of 3 pass, 1 fails"
