@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..core.layers import merge_heads as reference_merge
 from ..core.layers import split_heads as reference_split
 from ..core.masks import causal_mask as reference_causal
-from .common import F64, gen, gradient_properties, shared_projections, randn
+from .common import F64, gen, gradient_properties, randn, shared_projections
 from .harness import gradients, layer_forward, layer_structure, seeded_linears
 from .report import CheckResult, section
 from .runner import Case, Check, Harness, Inputs, Mistake, Property, args, run_check

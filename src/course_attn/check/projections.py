@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..core.attention import scaled_dot_product_attention as reference_attention
 from ..core.self_attention import SelfAttention as ReferenceSelfAttention
-from .common import F64, gen, gradient_properties, shared_projections, not_normalised, randn
+from .common import F64, gen, gradient_properties, not_normalised, randn, shared_projections
 from .harness import gradients, layer_forward, layer_structure, seeded_linears
 from .report import CheckResult, section
 from .runner import Case, Check, Harness, Inputs, Mistake, Property, args, call, run_check

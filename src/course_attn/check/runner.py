@@ -277,7 +277,8 @@ def _generic(difference: Difference, case: Case) -> str:
     if difference.kind == "shape" and _squeezed(difference):
         return ("a dimension of size 1 is missing from your result (a .squeeze()?): keep "
                 "every dimension, even one of size 1" + cite)
-    if difference.kind == "shape" and _flattened(difference):
+    if difference.kind == "shape" and _flattened(difference) and isinstance(e, Tensor) and \
+            isinstance(g, Tensor):
         return (f"your result lost its leading dimensions, {tuple(e.shape)} flattened to "
                 f"{tuple(g.shape)}: keep them (reshape back after a 2-D product, or use @, "
                 f"which broadcasts over them)" + cite)

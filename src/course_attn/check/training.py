@@ -292,7 +292,7 @@ def _step_variant(how: str) -> Callable[..., object]:
             with torch.no_grad():
                 for p in model.parameters():
                     if p.grad is not None:
-                        p -= lr * p.grad
+                        p.add_(p.grad, alpha=-lr)
         elif how != "no_step":
             optimizer.step()
             if how == "twice":
