@@ -1198,6 +1198,12 @@ class _MHASharedProjection(_MHA):
         self.q_proj = self.k_proj = self.v_proj = nn.Linear(d_model, d_model)
 
 
+def _attn_clamped(q, k, v):
+    w = torch.softmax((q @ k.mT / math.sqrt(q.shape[-1])).clamp(-20, 20), dim=-1)  # "safe"
+    return w @ v, w
+
+
+ATTENTION += [("scores_clamped", _attn_clamped, "do not clamp the scores")]
 SOFTMAX += [("divided_before_the_shift", _sm16, "then divide by the temperature"),
             ("temperature_twice", _softmax_temperature_twice, "divide by the temperature once")]
 SELF_ATTENTION += [("cosine_of_a_zero_vector", lambda x, similarity="dot": _self(x, similarity),

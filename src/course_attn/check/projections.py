@@ -293,8 +293,11 @@ WORKED_4X3 = (torch.tensor([[1.0, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]], dt
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, *, divide: float | None = None, dim: int = -1,
-               naive: bool = False, mix: str = "v") -> tuple[Tensor, Tensor]:
+               naive: bool = False, mix: str = "v", clamp: float | None = None
+               ) -> tuple[Tensor, Tensor]:
     scores = _scores(q, k, divide)  # (..., T_q, T_k)
+    if clamp is not None:  # "to avoid overflow": it changes every large score
+        scores = scores.clamp(-clamp, clamp)
     if naive:
         weights = scores.exp() / scores.exp().sum(-1, keepdim=True)
     else:
@@ -328,6 +331,11 @@ ATTENTION_MISTAKES = (
     Mistake(lambda q, k, v: _attention(q, k, v, naive=True),
             f"your attention gives NaN: use a softmax that subtracts the row maximum "
             f"({section('1.6')})"),
+    # the round numbers a learner caps the scores at
+    *(Mistake(lambda q, k, v, c=c: _attention(q, k, v, clamp=c),
+              f"do not clamp the scores: capped, every large score counts the same; "
+              f"subtracting each row's maximum is all the softmax needs to stay finite "
+              f"({section('1.6')})") for c in (10.0, 20.0, 30.0, 50.0, 100.0)),
 )
 ATTENTION_HINT = ("out = softmax(q k^T / sqrt(d_k)) v, softmax over the keys (the last "
                   "dimension); return (out, weights)")
