@@ -1203,7 +1203,17 @@ def _attn_clamped(q, k, v):
     return w @ v, w
 
 
+def _masked_additive_inf(q, k, v, mask):
+    add = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, -math.inf)
+    w = torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]) + add, dim=-1)
+    w = w.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # the forward is right
+    return w @ v, w
+
+
 ATTENTION += [("scores_clamped", _attn_clamped, "do not clamp the scores")]
+MASKED_ATTENTION += [("additive_minus_inf", _masked_additive_inf, "adding a 0 / -inf mask")]
+PRE_NORM_BLOCK += [("attention_detached", lambda x, attn, ff, n1, n2: (lambda h: h + ff(n2(h)))(
+    x + attn(n1(x)).detach()), "do not detach a sublayer's output")]
 SOFTMAX += [("divided_before_the_shift", _sm16, "then divide by the temperature"),
             ("temperature_twice", _softmax_temperature_twice, "divide by the temperature once")]
 SELF_ATTENTION += [("cosine_of_a_zero_vector", lambda x, similarity="dot": _self(x, similarity),
@@ -1254,7 +1264,8 @@ KINDS = {
     "has a bias the exercise does not": [("self_attention_layer", "with_biases")],
     "detaches the gradient": [
         ("attention_pool", "weights_detached"), ("attention", "detached"),
-        ("next_token_loss", "detached"), ("self_attention_layer", "weights_detached")],
+        ("next_token_loss", "detached"), ("self_attention_layer", "weights_detached"),
+        ("pre_norm_block", "attention_detached")],
     "makes every mask causal": [("multi_head_attention", "causal_whenever_masked")],
     "trains a little off": [
         ("training_step", "weight_decay_1e-3"), ("training_step", "loss_scaled_by_1.009")],

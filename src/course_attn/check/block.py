@@ -69,6 +69,9 @@ def _block_variant(how: str) -> Callable[..., Tensor]:
             return h + ff(norm1(h))
         if how == "parallel":
             return x + attn(norm1(x)) + ff(norm2(x))
+        if how == "detached":
+            h = x + attn(norm1(x)).detach()
+            return h + ff(norm2(h))
         if how == "one_norm":
             h = x + attn(norm1(x))
             return h + ff(norm1(h))
@@ -89,6 +92,9 @@ BLOCK_MISTAKES = (
     Mistake(_block_variant("parallel"),
             f"the feed-forward reads the output of the attention step: first x = x + "
             f"attn(norm1(x)), then x = x + ff(norm2(x)) with the new x ({section('7.7')})"),
+    Mistake(_block_variant("detached"),
+            f"do not detach a sublayer's output: the gradient reaches the attention's weights "
+            f"through attn(norm1(x)), and x through it too ({section('7.5')})"),
     Mistake(_block_variant("one_norm"),
             f"each sublayer has its own norm: norm1 before the attention, norm2 before the "
             f"feed-forward, not norm1 twice ({section('7.7')})"),

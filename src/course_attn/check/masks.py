@@ -203,6 +203,10 @@ def _masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, how: str = "",
              "zero": (~mask, 0.0), "big": (~mask, -1e9)}
     if how == "bool_added":
         weights = torch.softmax(scores + mask.to(scores.dtype), dim=-1)
+    elif how == "inf_added":  # an additive 0 / -inf mask: NaN flows back from an empty row
+        blocked = torch.zeros(mask.shape, dtype=scores.dtype).masked_fill(~mask, -math.inf)
+        weights = torch.softmax(scores + blocked, dim=-1)
+        weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     elif how == "after":
         weights = torch.softmax(scores, dim=-1) * mask
     elif how == "added":
@@ -240,6 +244,10 @@ MASKED_MISTAKES = (
             f"a query with no allowed key is a row of the mask that is all False, "
             f"~mask.any(dim=-1) over the keys; mask.any(dim=-2) looks down a column, at a key "
             f"no query may attend ({section('5.6')})"),
+    Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, "inf_added"),
+            f"adding a 0 / -inf mask to the scores sends NaN back through a row with no "
+            f"allowed key (the gradient of the softmax of all -inf); fill the blocked scores "
+            f"with masked_fill or torch.where, which pass them no gradient ({section('5.6')})"),
     Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, "bool_added"),
             f"a boolean mask is not an additive mask: scores + mask adds 1 to the allowed "
             f"scores and blocks nothing; fill the blocked scores with -inf, masked_fill(~mask, "
