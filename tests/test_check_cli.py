@@ -142,6 +142,8 @@ def test_a_name_imported_rather_than_written_is_not_checked(tmp_path, capsys):
 
 @pytest.mark.parametrize(("source", "args", "message"), [
     ("x = 1\n", [], "defines none of the names"),  # missing every function
+    ("def softmax(x, temperature=1.0):\n    return x\n", ["causal_mask"],
+     "mine.py does not define causal_mask"),  # a name asked for, not in the file
     (None, [], "no such file"),
     ("def softmax(x, temperature=1.0):\n    return x\n", ["no_such_check"], "unknown name"),
     ("def softmax(x, temperature=1.0):\n    return x\n", ["--timeout", "-1"], "--timeout"),
@@ -174,7 +176,9 @@ def test_a_file_imports_as_a_module_would_dataclasses_included(tmp_path, capsys)
 
 def test_a_name_that_is_not_a_function_is_a_failure_not_a_crash(tmp_path, capsys):
     assert main([str(write(tmp_path, "softmax = 3\n"))]) == EXIT_FAILED
-    assert "check.softmax: TypeError: fn must be a function" in capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
+    assert "check.softmax: softmax in mine.py is an int, not a function: TypeError: fn must " \
+           "be a function" in out
 
 
 def test_a_function_that_hangs_is_reported_with_its_case_and_the_others_still_run(
