@@ -27,15 +27,22 @@ def softmax_pow(x, temperature=1.0):
 
 
 def softmax_logsumexp(x, temperature=1.0):
-    s = x / temperature
+    s = x - x.amax(dim=-1, keepdim=True)  # subtracted before the division, as section 1.6
+    s = s / temperature
     return torch.exp(s - torch.logsumexp(s, dim=-1, keepdim=True))
 
 
 def softmax_chapter(x, temperature=1.0):  # chapter 1's solution cell
-    scores = x / temperature
-    scores = scores - scores.amax(dim=-1, keepdim=True)
+    shifted = x - x.amax(dim=-1, keepdim=True)
+    scores = shifted / temperature
     e = scores.exp()
     return e / e.sum(dim=-1, keepdim=True)
+
+
+def softmax_float64_inside(x, temperature=1.0):
+    s = x.double() / temperature  # divided first, but in float64, where 1e5 is no overflow
+    e = (s - s.amax(dim=-1, keepdim=True)).exp()
+    return (e / e.sum(dim=-1, keepdim=True)).to(x.dtype)
 
 
 def pool_einsum(x, query):
@@ -58,7 +65,7 @@ def pool_chapter(x, query):  # chapter 1's solution cell
 
 
 def self_attention_loop(x, similarity="dot"):  # chapter 2's loop solution
-    keys = x / x.norm(dim=-1, keepdim=True) if similarity == "cosine" else x
+    keys = F.normalize(x, dim=-1) if similarity == "cosine" else x
     z_rows, a_rows = [], []
     for i in range(x.shape[-2]):
         query = keys[..., i, :].unsqueeze(-2)
@@ -293,8 +300,9 @@ def positions_chapter(attention_mask):  # chapter 8's solution cell
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
-def positions_int32(attention_mask):
-    return torch.cumsum(attention_mask.int(), dim=1) - 1  # an int32 count will do
+def positions_argmax(attention_mask):  # 0, 1, 2, ... from each row's first real token
+    first = attention_mask.long().argmax(dim=-1, keepdim=True)  # (B, 1)
+    return (torch.arange(attention_mask.shape[-1]) - first).clamp(min=0)
 
 
 def merge_chapter_state(m_a, l_a, acc_a, m_b, l_b, acc_b):  # chapter 9's solution cell
@@ -380,18 +388,23 @@ def window_tril(t, window):
     return ones.tril() & ~ones.tril(-window)
 
 
-def loss_chapter(logits, targets):  # chapter 11's solution cell
-    log_probs = torch.log_softmax(logits, dim=-1)
-    picked = log_probs.gather(-1, targets[..., None])
-    return -picked.mean()
+def loss_gather_masked(logits, targets):  # log_softmax and gather, the -1 targets left out
+    counted = targets != -1
+    log_probs = torch.log_softmax(logits.float() if logits.dtype in (torch.float16,
+                                                                     torch.bfloat16)
+                                  else logits, dim=-1)
+    picked = log_probs.gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)
+    return -(picked * counted).sum() / counted.sum().clamp(min=1)
 
 
-def loss_classes_second(logits, targets):
-    return F.cross_entropy(logits.transpose(1, 2), targets)  # (B, N_vocab, T) against (B, T)
+def loss_classes_second(logits, targets):  # (B, N_vocab, T) against (B, T), float32 at least
+    wide = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    return F.cross_entropy(wide.transpose(1, 2), targets, ignore_index=-1)
 
 
 def loss_nll(logits, targets):
-    return F.nll_loss(F.log_softmax(logits, -1).flatten(0, 1), targets.flatten())
+    log_probs = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+    return F.nll_loss(log_probs.flatten(0, 1), targets.flatten(), ignore_index=-1)
 
 
 def step_chapter(model, optimizer, x, y):  # chapter 11's solution cell
@@ -505,7 +518,10 @@ def rope_repeat_interleave(x, positions):
 
 
 def loss_one_hot(logits, targets):
-    return -(logits.log_softmax(-1) * F.one_hot(targets, logits.shape[-1])).sum(-1).mean()
+    counted = targets >= 0  # a target of -1 counts for nothing
+    wide = logits.double() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    one_hot = F.one_hot(targets.clamp(min=0), logits.shape[-1]) * counted[..., None]
+    return -(wide.log_softmax(-1) * one_hot).sum() / counted.sum()
 
 
 FRESH = {
@@ -525,7 +541,7 @@ FRESH = {
 
 CORRECT = {
     "softmax": [("pow", softmax_pow), ("logsumexp", softmax_logsumexp),
-                ("chapter", softmax_chapter)],
+                ("chapter", softmax_chapter), ("float64_inside", softmax_float64_inside)],
     "attention_pool": [("einsum", pool_einsum), ("list", pool_list), ("chapter", pool_chapter)],
     "self_attention": [("loop", self_attention_loop), ("normalize", self_attention_normalize)],
     "qkv_projection": [("tensordot", qkv_tensordot), ("fused_split", qkv_fused_split)],
@@ -543,14 +559,14 @@ CORRECT = {
     "pre_norm_block": [("chapter", block_chapter), ("own_in_place", block_new_names)],
     "sinusoidal_table": [("chapter", table_chapter), ("float32_exp", table_float32_exp)],
     "kv_cache_step": [("chapter", cache_chapter), ("sdpa_list", cache_sdpa_list)],
-    "positions": [("chapter", positions_chapter), ("int32", positions_int32)],
+    "positions": [("chapter", positions_chapter), ("argmax", positions_argmax)],
     "online_merge": [("chapter", merge_chapter_state), ("nan_to_num", merge_nan_to_num)],
     "tile_step": [("chapter", tile_chapter), ("einsum", tile_einsum)],
     "rope": [("chapter", rope_chapter), ("llama_float32", rope_llama_float32),
              ("complex128", rope_complex128)],
     "rope_attention": [("float32", rope_attention_float32), ("pair", rope_attention_pair)],
     "sliding_window_mask": [("chapter", window_chapter), ("tril", window_tril)],
-    "next_token_loss": [("chapter", loss_chapter), ("nll", loss_nll),
+    "next_token_loss": [("gather_masked", loss_gather_masked), ("nll", loss_nll),
                         ("classes_second", loss_classes_second)],
     "training_step": [("chapter", step_chapter), ("tensor", step_tensor_set_to_none),
                       ("zero_grad_last", step_zero_grad_last)],

@@ -429,9 +429,9 @@ def _table(t, d, swap=False, halves=False, per_column=False, start=0, base=10000
 SINUSOIDAL_TABLE = [
     ("sin_cos_swapped", lambda t, d: _table(t, d, swap=True), "even columns hold the sine"),
     ("halves_not_interleaved", lambda t, d: _table(t, d, halves=True), "interleave"),
-    ("exponent_per_column", lambda t, d: _table(t, d, per_column=True), "shares one frequency"),
+    ("exponent_i_for_2i", lambda t, d: _table(t, d, per_column=True), "you used i"),
     ("positions_from_1", lambda t, d: _table(t, d, start=1), "positions start at 0"),
-    ("base_1000", lambda t, d: _table(t, d, base=1000.0), "PE[p, 2i] = sin"),
+    ("base_1000", lambda t, d: _table(t, d, base=1000.0), "the base is 10000"),
 ]
 
 
@@ -939,7 +939,7 @@ SLIDING_WINDOW_MASK += [
 NEXT_TOKEN_LOSS += [
     ("label_smoothing", lambda lg, t: F.cross_entropy(lg.reshape(-1, lg.shape[-1]),
                                                       t.reshape(-1), label_smoothing=0.1),
-     "the floor"),
+     "no label smoothing"),
 ]
 
 
@@ -967,9 +967,9 @@ def _train_clipped(model, optimizer, x, y):
 
 
 TRAINING_STEP += [
-    ("gradients_clipped", _train_clipped, "no clipping"),
+    ("gradients_clipped", _train_clipped, "no gradient clipping"),
     ("weight_decay_1e-3", _train_weight_decay, "nothing else"),
-    ("loss_scaled_by_1.009", _train_scaled_loss, "nothing else"),
+    ("loss_scaled_by_1.009", _train_scaled_loss, "no loss times a number"),
 ]
 
 CATALOGUE = {
@@ -1107,8 +1107,140 @@ MASKED_ATTENTION += [("minus_1e9_added", _masked_added, "adding -1e9")]
 SINUSOIDAL_TABLE += [("exponent_over_d_minus_1", _table_d_minus_1, "PE[p, 2i] = sin")]
 NEXT_TOKEN_LOSS += [("last_position_only", lambda lg, t: F.cross_entropy(lg[:, -1], t[:, -1]),
                      "not the last position only")]
-TRAINING_STEP += [("stepped_twice", _train_step_twice, "nothing else"),
+TRAINING_STEP += [("stepped_twice", _train_step_twice, "step() once per batch"),
                   ("l2_penalty_in_the_loss", _train_l2, "nothing else")]
+
+# ------------------------------------------------- the adversary's second round (issue 40)
+
+
+def _sm16(x, temperature=1.0):  # divided first: 100 / 0.001 is inf in float16
+    return _sm(x / temperature)
+
+
+def _softmax_temperature_twice(x, temperature=1.0):
+    s = x / temperature
+    return _sm((s - s.amax(-1, keepdim=True)) / temperature)
+
+
+def _positions_int32(attention_mask):
+    return (attention_mask.long().cumsum(dim=1) - 1).int()  # the exercise says long
+
+
+def _masked_empty_columns(q, k, v, mask):
+    w = torch.softmax((q @ k.mT / math.sqrt(q.shape[-1])).masked_fill(~mask, -math.inf), -1)
+    w = torch.nan_to_num(w)
+    empty = ~mask.any(dim=-2, keepdim=True).transpose(-2, -1)  # a column, not a row
+    if empty.shape[-2] == w.shape[-2]:
+        w = w.masked_fill(empty, 0.0)
+    return w @ v, w
+
+
+def _rope_attn_arange(q, k, v, positions):
+    return _rope_attn(q, k, v, torch.arange(q.shape[-2]))
+
+
+class _DetachedWeights(_Layer):
+    def forward(self, x):
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        w = torch.softmax(q @ k.mT / math.sqrt(k.shape[-1]), dim=-1).detach()
+        return w @ v
+
+
+def _loss_gather(logits, targets):  # the chapter's gather: -1 is out of range
+    return -torch.log_softmax(logits, -1).gather(-1, targets[..., None]).mean()
+
+
+def _train_eval_mode(model, optimizer, x, y):
+    model.eval()  # dropout off in a training step
+    return _train(model, optimizer, x, y, "right")
+
+
+def _train_sgd_by_hand(model, optimizer, x, y):
+    lr = optimizer.param_groups[0]["lr"]
+    model.zero_grad()
+    _, loss = model(x, y)
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad  # plain SGD, whatever the optimizer
+    return loss.item()
+
+
+def _train_clip_half(model, optimizer, x, y):
+    optimizer.zero_grad()
+    _, loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    optimizer.step()
+    return loss.item()
+
+
+def _train_loss_times_batch(model, optimizer, x, y):
+    optimizer.zero_grad()
+    _, loss = model(x, y)
+    (loss * x.shape[0]).backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _table_column_frequency(t, d):  # each column its own frequency
+    angle = torch.arange(t, dtype=torch.float64)[:, None] / 10000 ** (
+        torch.arange(d, dtype=torch.float64) / d)
+    pe = angle.sin()
+    pe[:, 1::2] = angle[:, 1::2].cos()
+    return pe
+
+
+class _MHASharedProjection(_MHA):
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        self.q_proj = self.k_proj = self.v_proj = nn.Linear(d_model, d_model)
+
+
+def _attn_clamped(q, k, v):
+    w = torch.softmax((q @ k.mT / math.sqrt(q.shape[-1])).clamp(-20, 20), dim=-1)  # "safe"
+    return w @ v, w
+
+
+def _masked_additive_inf(q, k, v, mask):
+    add = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, -math.inf)
+    w = torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]) + add, dim=-1)
+    w = w.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # the forward is right
+    return w @ v, w
+
+
+ATTENTION += [("scores_clamped", _attn_clamped, "do not clamp the scores")]
+MASKED_ATTENTION += [("additive_minus_inf", _masked_additive_inf, "adding a 0 / -inf mask")]
+PRE_NORM_BLOCK += [("attention_detached", lambda x, attn, ff, n1, n2: (lambda h: h + ff(n2(h)))(
+    x + attn(n1(x)).detach()), "do not detach a sublayer's output")]
+SOFTMAX += [("divided_before_the_shift", _sm16, "then divide by the temperature"),
+            ("temperature_twice", _softmax_temperature_twice, "divide by the temperature once")]
+SELF_ATTENTION += [("cosine_of_a_zero_vector", lambda x, similarity="dot": _self(x, similarity),
+                    "no direction")]
+SELF_ATTENTION_LAYER += [("weights_detached", type("SelfAttention", (_DetachedWeights,), {}),
+                          "do not detach the attention weights")]
+POSITIONS += [("int32", _positions_int32, "torch.long")]
+MASKED_ATTENTION += [("empty_rows_found_in_columns", _masked_empty_columns, "mask.any(dim=-2)")]
+ROPE_ATTENTION += [("arange_not_positions", _rope_attn_arange, "the positions given")]
+SINUSOIDAL_TABLE += [("one_frequency_per_column", _table_column_frequency, "not one of its own"),
+                     ("float16", lambda t, d: _table(t, d).half(), "half precision")]
+PRE_NORM_BLOCK += [("norm1_twice", lambda x, attn, ff, n1, n2: (lambda h: h + ff(n1(h)))(
+    x + attn(n1(x))), "not norm1 twice")]
+MULTI_HEAD_ATTENTION += [("one_projection_three_names",
+                          type("MultiHeadAttention", (_MHASharedProjection,), {}),
+                          "a layer of its own")]
+NEXT_TOKEN_LOSS += [
+    ("float32_loss", lambda lg, t: F.cross_entropy(lg.float().flatten(0, 1), t.flatten()),
+     "keep the logits' dtype"),
+    ("gather_on_minus_1", _loss_gather, "ignore_index=-1"),
+    ("ignore_index_0", lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(),
+                                                     ignore_index=0), "token 0 too"),
+]
+TRAINING_STEP += [("eval_mode", _train_eval_mode, "dropout must stay on"),
+                  ("sgd_by_hand", _train_sgd_by_hand, "let the optimizer update"),
+                  ("clipped_at_0.5", _train_clip_half, "no gradient clipping"),
+                  ("loss_times_batch_size", _train_loss_times_batch, "times the batch size")]
 
 #: The kinds of bug that passed the checks of issue 34, and the entries that have them.
 KINDS = {
@@ -1132,7 +1264,8 @@ KINDS = {
     "has a bias the exercise does not": [("self_attention_layer", "with_biases")],
     "detaches the gradient": [
         ("attention_pool", "weights_detached"), ("attention", "detached"),
-        ("next_token_loss", "detached")],
+        ("next_token_loss", "detached"), ("self_attention_layer", "weights_detached"),
+        ("pre_norm_block", "attention_detached")],
     "makes every mask causal": [("multi_head_attention", "causal_whenever_masked")],
     "trains a little off": [
         ("training_step", "weight_decay_1e-3"), ("training_step", "loss_scaled_by_1.009")],

@@ -31,8 +31,8 @@ from torch import nn
 
 
 def softmax(x, temperature=1.0):
-    x = x / temperature
-    e = (x - x.amax(dim=-1, keepdim=True)).exp()
+    x = (x - x.amax(dim=-1, keepdim=True)) / temperature
+    e = x.exp()
     return e / e.sum(dim=-1, keepdim=True)
 
 
@@ -142,6 +142,8 @@ def test_a_name_imported_rather_than_written_is_not_checked(tmp_path, capsys):
 
 @pytest.mark.parametrize(("source", "args", "message"), [
     ("x = 1\n", [], "defines none of the names"),  # missing every function
+    ("def softmax(x, temperature=1.0):\n    return x\n", ["causal_mask"],
+     "mine.py does not define causal_mask"),  # a name asked for, not in the file
     (None, [], "no such file"),
     ("def softmax(x, temperature=1.0):\n    return x\n", ["no_such_check"], "unknown name"),
     ("def softmax(x, temperature=1.0):\n    return x\n", ["--timeout", "-1"], "--timeout"),
@@ -174,7 +176,9 @@ def test_a_file_imports_as_a_module_would_dataclasses_included(tmp_path, capsys)
 
 def test_a_name_that_is_not_a_function_is_a_failure_not_a_crash(tmp_path, capsys):
     assert main([str(write(tmp_path, "softmax = 3\n"))]) == EXIT_FAILED
-    assert "check.softmax: TypeError: fn must be a function" in capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
+    assert "check.softmax: softmax in mine.py is an int, not a function: TypeError: fn must " \
+           "be a function" in out
 
 
 def test_a_function_that_hangs_is_reported_with_its_case_and_the_others_still_run(
@@ -192,7 +196,7 @@ def test_a_function_that_hangs_is_reported_with_its_case_and_the_others_still_ru
 
 
 def test_sys_exit_in_a_checked_function_is_that_checks_failure(tmp_path, capsys):
-    source = CORRECT.replace("    x = x / temperature\n", "    raise SystemExit(4)\n")
+    source = CORRECT.replace("    e = x.exp()\n", "    raise SystemExit(4)\n")
     assert main([str(write(tmp_path, source))]) == EXIT_FAILED
     out = capsys.readouterr().out
     assert "got:      SystemExit: 4" in out and out.splitlines()[-1] == "2 of 3 pass, 1 fails"

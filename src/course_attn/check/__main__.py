@@ -150,7 +150,11 @@ def _run_one(module: ModuleType, check_name: str, name: str, tally: Tally) -> No
         result = CHECKS[check_name](obj)
     except (TypeError, ValueError) as error:  # the door: not a function, not a class
         tally.failed += 1
-        print(f"{label}: {type(error).__name__}: {error}")
+        what = str(error).split(", got ")[-1]
+        kind = "a class" if "must be a class" in str(error) else "a function"
+        print(textwrap.fill(f"{label}: {name} in {Path(module.__file__ or '').name} is "
+                            f"{what}, not {kind}: {type(error).__name__}: {error}", 80,
+                            subsequent_indent="  "))
         return
     text = str(result).replace(f"check.{check_name}:", f"{label}:", 1)
     print(text)
@@ -191,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         found, absent = _found(module, wanted)
         found = [(c, n) for c, n in found if not args.names or c in args.names
                  or n in args.names]
+        if not found and args.names:
+            print(f"{args.file.name} does not define {' or '.join(args.names)} (nor the "
+                  f"other name of its check, see --help)", file=sys.stderr)
+            return EXIT_USAGE
         if not found:
             print(f"{args.file.name} defines none of the names the checks look for "
                   f"(softmax or my_softmax, ...; see --help)", file=sys.stderr)

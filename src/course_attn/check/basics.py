@@ -61,6 +61,12 @@ SOFTMAX_MISTAKES = (
     Mistake(lambda x, temperature=1.0: _exp_over_sum(x / temperature),
             f"your softmax gives NaN for scores of 1000: exp(1000) is inf and inf / inf is "
             f"NaN; subtract each row's maximum first ({section('1.6')})"),
+    Mistake(lambda x, temperature=1.0: _exp_over_sum(_shifted(x / temperature)),
+            f"subtract the maximum first, then divide by the temperature: divided first, "
+            f"100 / 0.001 overflows float16 to inf, and inf - inf is NaN ({section('1.6')})"),
+    Mistake(lambda x, temperature=1.0: _exp_over_sum(_shifted(x / temperature) / temperature),
+            f"divide by the temperature once: dividing before and after subtracting the "
+            f"maximum divides the scores by temperature^2 ({section('1.5')})"),
     Mistake(lambda x, temperature=1.0: _exp_over_sum((x - x.max()) / temperature),
             f"the row near -1000 gives 0 / 0 = NaN: subtract each row's own maximum "
             f"(dim=-1, keepdim=True), not the maximum of the whole tensor ({section('1.6')})"),
@@ -77,6 +83,8 @@ SCORES = torch.tensor([[2.0, 1.0, 0.1], [0.0, 0.0, 0.0]], dtype=F64)
 BIG = torch.tensor([[1000.0, 999.0, 998.0]], dtype=F64)
 MIXED = torch.tensor([[1000.0, 999.0, 998.0], [-1000.0, -1001.0, -1002.0], [0.0, 5.0, -3.0],
                       [0.0, -800.0, 5.0]], dtype=F64)
+#: Section 1.6's float16 row: 100 / 0.001 is beyond float16's 65504.
+TINY_T = torch.tensor([[100.0, 99.0, 98.0]], dtype=torch.float16)
 MASKED = torch.tensor([[0.0, -math.inf, 1.0], [-math.inf, 2.0, 2.0]], dtype=F64)
 EXP_HINT = "softmax(x)_i = exp(x_i) / sum_j exp(x_j), along the last dimension"
 MAX_HINT = "subtract each row's own maximum, x.amax(dim=-1, keepdim=True), before exp"
@@ -104,7 +112,7 @@ SOFTMAX = Check("softmax", _softmax_reference, (
                   "each row its own maximum", MIXED, 1.0, MAX_HINT, "1.6"),
     _softmax_case("a score of -inf, as chapter 5's masks set, gets weight 0", MASKED, 1.0,
                   "a score of -inf (a blocked key) must get weight exp(-inf) = 0 and leave the "
-                  "other weights summing to 1", "5.2"),
+                  "other weights summing to 1", "1.6"),
     *(_softmax_case("size-1 dimensions: x (1, 1, 4), and rows of a single score (3, 1)",
                     x, 1.0, EXP_HINT, "1.3", f"x = {show(x)}, temperature = 1")
       for x in (randn(gen(1), 1, 1, 4), randn(gen(1), 3, 1))),
@@ -113,6 +121,11 @@ SOFTMAX = Check("softmax", _softmax_reference, (
          "random x of shape (2, 3, 7), float64, seed 1, temperature = 0.7",
          "work along the last dimension of a batch of rows of any shape, and keep the "
          "input's shape and dtype", "1.3", FLOAT32),
+    _softmax_case("float16 scores [100, 99, 98] at temperature 0.001: the maximum "
+                  "subtracted before dividing by the temperature gives [1, 0, 0], no NaN",
+                  TINY_T, 0.001, "subtract each row's maximum, then divide by the temperature: "
+                  "(x - max) / temperature is at most 0 for any temperature", "1.6",
+                  f"x = {show(TINY_T)}, float16, temperature = 0.001"),
     Case("the float64 gradient of your weights with respect to x",
          lambda: args(randn(gen(1), 2, 3, 7, scale=3.0), temperature=0.7),
          "the random x above with requires_grad=True, temperature = 0.7; the gradient of "
@@ -256,6 +269,10 @@ def _self_variant(x: Tensor, similarity: str = "dot", *, scale: float = 1.0, dim
     return weights @ (unit if mix == "unit" and similarity == "cosine" else x), weights
 
 
+ZERO_HINT = (f"a zero vector has no direction, and x / |x| gives it 0 / 0 = NaN: give it "
+             f"cosine 0 with every token, as F.normalize(x, dim=-1) does (it divides by "
+             f"max(|x|, eps)), so that its row of weights is uniform ({section('2.6')})")
+
 SELF_MISTAKES = (
     Mistake(lambda x, similarity="dot": reference_self_attention(x, similarity=similarity)[0],
             f"return a pair (z, weights), not only z ({section('2.4')})"),
@@ -278,11 +295,18 @@ SELF_MISTAKES = (
     Mistake(lambda x, similarity="dot": _self_variant(x, similarity, mix="unit"),
             f"the cosine changes the weights only: z still mixes the original vectors x, "
             f"not the unit vectors ({section('2.6')})"),
+    Mistake(lambda x, similarity="dot": _self_variant(x, similarity), ZERO_HINT),
 )
 
 DOT_HINT = "scores = x @ x^T, weights = softmax over each row, z = weights @ x"
 SELF_BATCH_HINT = ("a batch of sequences (B, T, D): transpose the last two axes, "
                    "x.transpose(-2, -1) (or x.mT), not x.T")
+
+
+def _with_zero_token() -> Tensor:
+    x = randn(gen(3), 2, 4, 3)
+    x[1, 2] = 0.0  # a token with no direction
+    return x
 
 
 def _self_case(plan: str, x: Tensor, similarity: str | None, describe: str, hint: str,
@@ -312,6 +336,12 @@ SELF_ATTENTION = Check("self_attention", lambda x, similarity="dot": reference_s
                  "(2, 1, 3)", randn(gen(3), *shape), "cosine",
                  f"random x {shape}, float64, seed 3", DOT_HINT, "2.4")
       for shape in ((1, 4, 3), (2, 1, 3))),
+    _self_case("a zero token, cosine: it has cosine 0 with every token, so its weights are "
+               "uniform and its output is the mean token, no NaN", _with_zero_token(),
+               "cosine", "random x (2, 4, 3), float64, seed 3, with token 2 of sequence 1 all "
+               "zeros", "a zero vector has cosine 0 with every token (F.normalize divides by "
+               "max(|x|, eps)): uniform weights in its row, and z its row's mean token",
+               "2.6"),
 ), params=("x", "similarity"), mistakes=SELF_MISTAKES,
     errors=(("must match the size", f"{SELF_BATCH_HINT} ({section('2.4')})"),))
 

@@ -2,7 +2,7 @@
 
 The block is held to the package's ``TransformerBlock(norm_first=True)``, its sublayers
 handed to the learner's function as callables; the table, which the usual code builds in
-float32, is compared at the float32 tolerance in any floating dtype.
+float32, is compared at the float32 tolerance in float32 or float64.
 """
 
 from __future__ import annotations
@@ -69,6 +69,12 @@ def _block_variant(how: str) -> Callable[..., Tensor]:
             return h + ff(norm1(h))
         if how == "parallel":
             return x + attn(norm1(x)) + ff(norm2(x))
+        if how == "detached":
+            h = x + attn(norm1(x)).detach()
+            return h + ff(norm2(h))
+        if how == "one_norm":
+            h = x + attn(norm1(x))
+            return h + ff(norm1(h))
         return ff(norm2(attn(norm1(x))))  # "no_residual"
     return wrong
 
@@ -76,16 +82,22 @@ def _block_variant(how: str) -> Callable[..., Tensor]:
 BLOCK_MISTAKES = (
     Mistake(_block_variant("post"),
             f"that is post-norm, norm(x + attn(x)): pre-norm normalises each sublayer's input "
-            f"and leaves the residual stream itself un-normalised ({section('7.5')})"),
+            f"and leaves the residual stream itself un-normalised ({section('7.4')})"),
     Mistake(_block_variant("residual_of_norm"),
             f"the residual adds the un-normalised x: x + attn(norm1(x)), not norm1(x) + "
-            f"attn(norm1(x)) ({section('7.5')})"),
+            f"attn(norm1(x)) ({section('7.4')})"),
     Mistake(_block_variant("swapped"),
             f"norm1 goes before the attention, norm2 before the feed-forward "
             f"({section('7.7')})"),
     Mistake(_block_variant("parallel"),
             f"the feed-forward reads the output of the attention step: first x = x + "
             f"attn(norm1(x)), then x = x + ff(norm2(x)) with the new x ({section('7.7')})"),
+    Mistake(_block_variant("detached"),
+            f"do not detach a sublayer's output: the gradient reaches the attention's weights "
+            f"through attn(norm1(x)), and x through it too ({section('7.5')})"),
+    Mistake(_block_variant("one_norm"),
+            f"each sublayer has its own norm: norm1 before the attention, norm2 before the "
+            f"feed-forward, not norm1 twice ({section('7.7')})"),
     Mistake(_block_variant("no_residual"),
             f"each sublayer's output is added to its input (the residual connection) "
             f"({section('7.4')})"),
@@ -130,21 +142,30 @@ def pre_norm_block(fn: Callable[..., Tensor]) -> CheckResult:
 
 
 def _table_variant(t: int, d: int, *, start: int = 0, swap: bool = False,
-                   per_column: bool = False, halves: bool = False) -> Tensor:
+                   exponent: str = "2i", halves: bool = False, base: float = 10000.0
+                   ) -> Tensor:
+    """The table with one known mistake: ``exponent="i"`` (the pair's index where 2i
+    belongs), ``"column"`` (each column its own frequency, column c at 1 / base^(c / D))."""
     position = torch.arange(start, start + t, dtype=F64)[:, None]  # (T, 1)
-    even = torch.arange(0, d, 2, dtype=F64)  # (D / 2,)
-    angle = position / 10000.0 ** ((even / 2 if per_column else even) / d)  # (T, D / 2)
+    even = torch.arange(0, d, 2, dtype=F64)  # (D / 2,): 2i
+    angle = position / base ** ((even / 2 if exponent == "i" else even) / d)  # (T, D / 2)
     first, second = (angle.cos(), angle.sin()) if swap else (angle.sin(), angle.cos())
+    if exponent == "column":  # the cosine column 2i + 1 turns at its own 1 / base^((2i+1)/D)
+        second = (position / base ** ((even + 1) / d)).cos()
     if halves:
         return torch.cat([first, second], dim=-1).float()
     return torch.stack([first, second], dim=-1).flatten(-2).float()
 
 
+HALF = (torch.float16, torch.bfloat16)
+
+
 def _as_float32(fn: Callable[..., object], positional: tuple[object, ...],
                 keyword: dict[str, object]) -> object:
-    """The table in float32, whatever floating dtype it came in (any will do)."""
+    """The table in float32, whatever floating dtype it came in (any will do); a table in
+    half precision is left as it is, and told that its dtype cannot hold the digits."""
     table = fn(*positional, **keyword)
-    if isinstance(table, Tensor) and table.is_floating_point():
+    if isinstance(table, Tensor) and table.is_floating_point() and table.dtype not in HALF:
         return table.detach().float()
     return table
 
@@ -166,16 +187,27 @@ SINUSOIDAL_TABLE = Check("sinusoidal_table", reference_table, (
     Mistake(lambda t, d: _table_variant(t, d, halves=True),
             f"interleave: sin in column 2i and cos in column 2i + 1, not all sines and then "
             f"all cosines ({section('7.2')})"),
-    Mistake(lambda t, d: _table_variant(t, d, per_column=True),
+    Mistake(lambda t, d: _table_variant(t, d, exponent="i"),
+            f"the exponent is 2i / d_model, with 2i the even column's index: you used i, the "
+            f"pair's index, so the frequencies fall too slowly ({section('7.2')})"),
+    Mistake(lambda t, d: _table_variant(t, d, exponent="column"),
             f"the pair (2i, 2i + 1) shares one frequency, 1 / 10000^(2i / d_model): the "
-            f"exponent uses 2i, the even column's index ({section('7.2')})"),
+            f"cosine column 2i + 1 takes the angle of the sine column 2i, not one of its own "
+            f"({section('7.2')})"),
+    Mistake(lambda t, d: _table_variant(t, d, base=1000.0),
+            f"the base is 10000: PE[p, 2i] = sin(p / 10000^(2i / d_model)) ({section('7.2')})"),
     Mistake(lambda t, d: _table_variant(t, d, start=1),
             f"positions start at 0: row 0 is sin(0) = 0, cos(0) = 1 ({section('7.2')})"),
-))
+), properties=(Property(lambda got, expected, inputs: isinstance(got, Tensor) and
+                        got.dtype in HALF,
+                        f"build the table in float32 or float64: half precision keeps about 3 "
+                        f"significant digits, and sin and cos of angles up to 49 radians lose "
+                        f"even those ({section('7.2')})"),))
 
 
 def sinusoidal_table(fn: Callable[[int, int], Tensor]) -> CheckResult:
     """Check the sinusoidal positional encodings, ``fn(context_length, d_model) -> (T, D)``
     (Chapter 7): ``PE[p, 2i] = sin(p / 10000^(2i / D))``, ``PE[p, 2i + 1] = cos(...)`` for an
-    even ``D``; any floating dtype, compared in float32 (section 7.2)."""
+    even ``D``; float32 or float64, compared in float32 (section 7.2; half precision cannot
+    hold the digits)."""
     return run_check(SINUSOIDAL_TABLE, fn)

@@ -22,6 +22,7 @@ __all__ = [
     "no_gradient",
     "not_normalised",
     "randn",
+    "shared_projections",
     "weight_where_blocked",
 ]
 
@@ -83,6 +84,16 @@ def no_gradient(index: int, name: str, number: str) -> Property:
                            f"autograd (.detach(), .item(), .data, .numpy(), torch.tensor(...) "
                            f"of computed values, a no_grad block); keep every step a torch "
                            f"operation on the tensors ({section(number)})")
+
+
+def shared_projections(number: str) -> Property:
+    """A layer's projections that are one module under several names (its structure)."""
+    def fails(got: object, expected: object, inputs: Inputs) -> bool:
+        return isinstance(got, tuple) and any("the same module as" in str(s) for s in got)
+    return Property(fails, f"each projection is a layer of its own, with its own weights: "
+                           f"self.q_proj = self.k_proj = self.v_proj = nn.Linear(...) makes one "
+                           f"layer under three names; build one nn.Linear per projection "
+                           f"({section(number)})")
 
 
 def gradient_properties(names: tuple[str, ...], number: str) -> tuple[Property, ...]:

@@ -62,6 +62,12 @@ def _merge_variant(how: str) -> Callable[..., State]:
             f_a, f_b = 1 / f_a, 1 / f_b
         if how == "l_only":
             return m, f_a * l_a + f_b * l_b, acc_a + acc_b
+        if how == "normalised":  # guarded, and acc divided by l
+            safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+            f_a, f_b = torch.exp(m_a - safe), torch.exp(m_b - safe)
+            l_new = f_a * l_a + f_b * l_b
+            acc = f_a * acc_a + f_b * acc_b
+            return m, l_new, torch.where(l_new > 0, acc / l_new.clamp_min(1e-300), acc)
         return m, f_a * l_a + f_b * l_b, f_a * acc_a + f_b * acc_b  # "min", "unguarded"
     return wrong
 
@@ -82,6 +88,9 @@ MERGE_MISTAKES = (
     Mistake(_merge_variant("min"),
             f"m is the larger of the two maxima, max(m_a, m_b) ({section('9.2')})"),
     Mistake(_merge_variant("unguarded"), EMPTY_HINT),
+    Mistake(_merge_variant("normalised"),
+            f"keep acc unnormalised, the sum of exp(score - m) * value: divide by l only once, "
+            f"after the last merge ({section('9.2')})"),
 )
 MERGE_HINT = "m = max(m_a, m_b); l = l_a exp(m_a - m) + l_b exp(m_b - m); acc the same way"
 EMPTY_TEXT = "a part with no allowed score, (-inf, 0, 0), must contribute nothing, never NaN"
@@ -129,7 +138,10 @@ ONLINE_MERGE = Check("online_merge", _reference_merge, (
          _three_parts, "the states of random scores (2, 3, 9) in columns 0-1, 2-6 and 7-8, "
          "values (2, 3, 9, 5), float64, seed 14; merged as (a + b) + c and a + (c + b)",
          MERGE_HINT, "9.2", FLOAT32, _two_orders),
-), params=("m_a", "l_a", "acc_a", "m_b", "l_b", "acc_b"), mistakes=MERGE_MISTAKES)
+), params=("m_a", "l_a", "acc_a", "m_b", "l_b", "acc_b"), mistakes=MERGE_MISTAKES,
+    errors=(("is ambiguous", f"take the larger maximum of every row with torch.maximum(m_a, "
+                             f"m_b), elementwise: Python's max() compares whole tensors "
+                             f"({section('9.2')})"),))
 
 
 def online_merge(fn: Callable[..., State]) -> CheckResult:
@@ -153,10 +165,11 @@ def _tile(m: Tensor, l: Tensor, acc: Tensor, q: Tensor, k: Tensor,  # noqa: E741
     """One tile, right or with the known mistake ``how``."""
     d = {"unscaled": 1, "by_d_v": v.shape[-1]}.get(how, q.shape[-1])
     s = q @ k.transpose(-2, -1) / math.sqrt(d)  # (..., b_q, b_k)
-    m_new = s.amax(dim=-1, keepdim=True)  # (..., b_q, 1)
-    if how != "block_max":
-        m_new = torch.maximum(m, m_new)
-    p = torch.exp(s - (m if how == "old_max" else m_new))  # (..., b_q, b_k)
+    block = s.amax(dim=-1, keepdim=True)  # (..., b_q, 1)
+    m_new = block if how == "block_max" else torch.maximum(m, block)
+    reference = {"old_max": m, "block_ref": block,
+                 "old_max_after_first": torch.where(torch.isinf(m), m_new, m)}.get(how, m_new)
+    p = torch.exp(s - reference)  # (..., b_q, b_k)
     factor = torch.exp(m - m_new)  # (..., b_q, 1): 0 at the first block
     l_new = (l if how == "l_stale" else l * factor) + p.sum(dim=-1, keepdim=True)
     acc_new = (acc if how == "acc_stale" else acc * factor) + p @ v  # (..., b_q, d_v)
@@ -194,6 +207,12 @@ TILE_MISTAKES = tuple(Mistake(_wrong_tile(how), hint) for how, hint in (
                   f"block's maxima alone ({section('9.3')})"),
     ("normalised", f"keep acc unnormalised (a sum of exp(s - m) v): divide by l only once, "
                    f"after the last key block ({section('9.3')})"),
+    ("block_ref", f"exponentiate the block against the new running maximum, p = exp(s - "
+                  f"m_new) with m_new = max(m, block max): l and acc must all be relative to "
+                  f"one maximum ({section('9.3')})"),
+    ("old_max_after_first", f"exponentiate the block against the new maximum m_new, not the "
+                            f"old m: against the old m a larger score gives exp(> 0), and l and "
+                            f"acc mix two references ({section('9.3')})"),
 ))
 OVERFLOW_HINT = (f"your l or acc overflowed to inf or NaN: the exponentials use the new "
                  f"maximum, exp(s - m_new) and exp(m - m_new), so that none exceeds 1 (the "

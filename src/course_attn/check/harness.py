@@ -65,10 +65,13 @@ def gradients(leaves: Sequence[int], inner: Harness = call,
     return harness
 
 
-def _linear(layer: object, name: str) -> str:
+def _linear(layer: object, name: str, before: Sequence[str]) -> str:
     linear = getattr(layer, name, None)
     if linear is None:
         return f"{name}: missing"
+    same = [other for other in before if getattr(layer, other, None) is linear]
+    if same:
+        return f"{name}: the same module as {same[0]}"
     if not isinstance(linear, nn.Linear):
         return f"{name}: a {type(linear).__name__}"
     bias = linear.bias is not None
@@ -84,7 +87,7 @@ def layer_structure(names: Sequence[str]) -> Harness:
         layer = cls(*positional[0])
         if not isinstance(layer, nn.Module):
             return (f"an nn.Module, got a {type(layer).__name__}",)
-        return tuple(_linear(layer, name) for name in names)
+        return tuple(_linear(layer, name, names[:i]) for i, name in enumerate(names))
     return harness
 
 
@@ -100,7 +103,9 @@ def _build(cls: Any, init: tuple[Any, ...], weights: dict[str, tuple[Tensor, Ten
             linear.weight.copy_(weight)
             if bias is not None:
                 linear.bias.copy_(bias)
-    return layer.eval()  # as the learner uses it for values: dropout off
+    layer.eval()  # as the learner uses it for values: dropout off
+    torch.manual_seed(0)  # whatever the forward draws, the same numbers at every call
+    return layer
 
 
 def layer_forward(*, output: Callable[[object], object] = _first) -> Harness:

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..core.layers import merge_heads as reference_merge
 from ..core.layers import split_heads as reference_split
 from ..core.masks import causal_mask as reference_causal
-from .common import F64, gen, gradient_properties, randn
+from .common import F64, gen, gradient_properties, randn, shared_projections
 from .harness import gradients, layer_forward, layer_structure, seeded_linears
 from .report import CheckResult, section
 from .runner import Case, Check, Harness, Inputs, Mistake, Property, args, run_check
@@ -72,6 +72,10 @@ SPLIT_HEADS = Check("split_heads", reference_split, (
             f"transpose(1, 2) swaps time and heads; other axes scramble positions and "
             f"channels ({section('6.2')})"),
     Mistake(lambda x, n_heads: torch.stack(x.chunk(n_heads, dim=1), dim=1), TIME_HINT),
+    Mistake(lambda x, n_heads: x.reshape(*x.shape[:2], n_heads, -1).transpose(2, 3).reshape(
+        _by(x, n_heads)[0], n_heads, x.shape[1], -1),
+            f"swap the time and head axes, transpose(1, 2): transpose(2, 3) swaps heads and "
+            f"channels, and the reshape after it then mixes positions ({section('6.2')})"),
 ), errors=(("stack expects", TIME_HINT),))
 
 
@@ -107,8 +111,10 @@ MERGE_HEADS = Check("merge_heads", reference_merge, (
                   shape, h, "6.2") for shape, h in (((2, 7, 12), 1), ((1, 1, 8), 2))),
 ), params=("x",), mistakes=(
     Mistake(lambda x: x.reshape(_flat(x)),
-            f"a reshape straight to (B, T, D) reads the heads in memory order: transpose(1, "
-            f"2) first, back to (B, T, H, head_dim) ({section('6.3')})"),
+            f"a reshape straight to (B, T, D) (or the heads concatenated along time) reads the "
+            f"heads in memory order: each position's H heads must sit side by side in its "
+            f"channels, so transpose(1, 2) first, back to (B, T, H, head_dim) "
+            f"({section('6.3')})"),
     Mistake(lambda x: x.permute(0, 2, 3, 1).reshape(_flat(x)),
             f"put the heads before head_dim: (B, T, H, head_dim), so each head's channels "
             f"stay together ({section('6.2')})"),
@@ -158,6 +164,7 @@ class _WrongMultiHead(nn.Module):
     """Multi-head attention with one knob per known mistake."""
 
     split, merge, scale, out, mask_as, dim = "right", "right", "head", True, "given", -1
+    clean, scale_after, values_from, seq_first, dropout = False, False, "v", False, 0.0
 
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
@@ -166,19 +173,34 @@ class _WrongMultiHead(nn.Module):
             nn.Linear(d_model, d_model) for _ in PROJECTIONS)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        if self.seq_first:  # x read as (T, B, D), nn.MultiheadAttention's default layout
+            x = x.transpose(0, 1)
+            mask = mask if mask is not None and mask.shape[-1] == x.shape[1] else None
         b, t, d = x.shape
         hd = d // self.h
-        split = (lambda y: y.reshape(b, self.h, t, hd)) if self.split == "view" else \
-            (lambda y: y.view(b, t, self.h, hd).transpose(1, 2))  # (B, H, T, hd)
-        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(hd if self.scale == "head" else d)
+        split = {"view": lambda y: y.reshape(b, self.h, t, hd),
+                 "strided": lambda y: y.reshape(b, t, hd, self.h).permute(0, 3, 1, 2),
+                 "right": lambda y: y.view(b, t, self.h, hd).transpose(1, 2)}[self.split]
+        value_proj = self.k_proj if self.values_from == "k" else self.v_proj
+        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(value_proj(x))
+        divide = 1.0 if self.scale_after else math.sqrt(hd if self.scale == "head" else d)
+        scores = q @ k.transpose(-2, -1) / divide  # (B, H, T, T)
         if mask is not None and self.mask_as != "ignored":
             blocked = {"given": ~mask, "inverted": mask, "causal": ~reference_causal(t)}
             scores = scores.masked_fill(blocked[self.mask_as], -math.inf)
-        heads = torch.softmax(scores, dim=self.dim) @ v  # (B, H, T, hd)
-        merged = heads.reshape(b, t, d) if self.merge == "view" else \
-            heads.transpose(1, 2).reshape(b, t, d)
-        return self.out_proj(merged) if self.out else merged
+        weights = torch.softmax(scores, dim=self.dim)  # (B, H, T, T)
+        if self.clean:
+            weights = weights.nan_to_num()
+        if self.scale_after:
+            weights = weights / math.sqrt(hd)
+        if self.dropout:  # F.dropout's training=True: on whatever the mode
+            weights = nn.functional.dropout(weights, self.dropout)
+        heads = weights @ v  # (B, H, T, hd)
+        merged = {"view": lambda: heads.reshape(b, t, d),
+                  "strided": lambda: heads.permute(0, 2, 3, 1).reshape(b, t, d),
+                  "right": lambda: heads.transpose(1, 2).reshape(b, t, d)}[self.merge]()
+        out = self.out_proj(merged) if self.out else merged
+        return out.transpose(0, 1) if self.seq_first else out
 
 
 def _wrong(**knobs: object) -> type:
@@ -194,9 +216,28 @@ MHA_MISTAKES = (
                                    f"/ H), not sqrt(d_model) ({section('6.5')})"),
     Mistake(_wrong(out=False), f"the concatenated heads go through out_proj, which mixes them "
                                f"({section('6.4')})"),
-    Mistake(_wrong(mask_as="inverted"), f"True means may attend: block the scores where the "
-                                        f"mask is False (nn.MultiheadAttention's attn_mask "
-                                        f"means the opposite) ({section('5.7')})"),
+    *(Mistake(_wrong(mask_as="inverted", clean=clean),
+              f"True means may attend: block the scores where the mask is False "
+              f"(nn.MultiheadAttention's attn_mask means the opposite) ({section('5.7')})")
+      for clean in (False, True)),
+    Mistake(_wrong(split="view", merge="view"), VIEW_HINT),
+    Mistake(_wrong(split="strided", merge="strided"),
+            f"head h takes a contiguous block of head_dim channels, h * head_dim to (h + 1) * "
+            f"head_dim - 1: view as (B, T, H, head_dim), not (B, T, head_dim, H), which "
+            f"deals the channels out to the heads in turn ({section('6.2')})"),
+    Mistake(_wrong(scale_after=True),
+            f"scale the scores by 1 / sqrt(head_dim) before the softmax, not the weights after "
+            f"it: each query's weights must sum to 1 ({section('6.5')})"),
+    Mistake(_wrong(values_from="k"),
+            f"the values come from v_proj: v = self.v_proj(x), not self.k_proj(x) "
+            f"({section('6.2')})"),
+    Mistake(_wrong(seq_first=True),
+            f"x is (B, T, d_model), batch first (nn.MultiheadAttention(batch_first=True)): do "
+            f"not transpose it as if it were (T, B, d_model) ({section('6.10')})"),
+    Mistake(_wrong(dropout=0.1),
+            f"the check runs your layer in eval() mode, where dropout is off: F.dropout(w, p) "
+            f"drops in every mode (its training=True is the default); use an nn.Dropout "
+            f"module, or pass training=self.training ({section('6.10')})"),
     Mistake(_wrong(mask_as="causal"), f"apply the mask you are given, whatever its pattern: "
                                       f"yours blocks the future keys instead, as if every "
                                       f"mask were causal ({section('5.2')})"),
@@ -241,7 +282,8 @@ MULTI_HEAD_ATTENTION = Check("multi_head_attention", TorchMultiHeadAttention, (
          "name the four projections q_proj, k_proj, v_proj and out_proj, each "
          "nn.Linear(d_model, d_model) with a bias, so that their weights can be copied",
          "6.10", harness=layer_structure(PROJECTIONS),
-         properties=(Property(_no_bias, f"each projection keeps its bias, nn.Linear(d_model, "
+         properties=(shared_projections("6.10"),
+                     Property(_no_bias, f"each projection keeps its bias, nn.Linear(d_model, "
                                         f"d_model) (bias=True), as nn.MultiheadAttention's do: "
                                         f"name the four projections and keep their biases "
                                         f"({section('6.10')})"),)),
@@ -263,7 +305,9 @@ MULTI_HEAD_ATTENTION = Check("multi_head_attention", TorchMultiHeadAttention, (
 ), params=("(d_model, n_heads)", "weights", "x"), want_class=True, mistakes=MHA_MISTAKES,
     errors=(("view size is not compatible", f"after transpose the heads are not contiguous, "
                                             f"so view fails: merge with .reshape(...) or "
-                                            f".contiguous().view(...) ({section('6.2')})"),))
+                                            f".contiguous().view(...) ({section('6.2')})"),
+            ("is ambiguous", f"test `if mask is not None:`; `if mask:` asks a tensor of many "
+                             f"values for one truth value ({section('5.2')})")))
 
 
 def multi_head_attention(cls: type[nn.Module]) -> CheckResult:

@@ -50,6 +50,13 @@ CAUSAL_MISTAKES = (
             f"when T_q != T_k the queries are the last T_q positions: query i may attend keys "
             f"j <= i + T_k - T_q (bottom-right alignment); tril() without an offset, like "
             f"PyTorch's is_causal=True, aligns top-left ({section('5.3')})"),
+    Mistake(lambda t_q, t_k: _ones(t_q, t_k).tril(t_q - t_k),
+            f"the offset is T_k - T_q, keys minus queries (the earlier keys every new query "
+            f"may see), not T_q - T_k ({section('5.3')})"),
+    Mistake(lambda t_q, t_k: _ones(t_q, t_k).tril(max(t_k - t_q, 0)),
+            f"when T_q > T_k the offset T_k - T_q is negative and must stay so: the first "
+            f"T_q - T_k queries come before every key and may attend none (do not clamp the "
+            f"offset at 0) ({section('5.3')})"),
 )
 SHIFTED = ("mask[i, j] = j <= i + T_k - T_q: the new queries come after T_k - T_q earlier "
            "keys (bottom-right alignment)")
@@ -134,6 +141,12 @@ PADDING_MISTAKES = (
                                                                     side=side),
             f"side=\"right\" is the default: a call without side pads on the right "
             f"({section('5.4')})"),
+    Mistake(lambda lengths, max_len, side="right": (lambda right: right.flip(0) if side ==
+                                                    "left" else right)(
+        reference_padding(lengths, max_len)),
+            f"left padding reverses each row along time, so that the pads come first: mask[b, "
+            f"t] = t >= max_len - lengths[b]; flip(0) reverses the order of the batch instead "
+            f"({section('5.5')})"),
     Mistake(lambda lengths, max_len, side="right": _pad(lengths, max(lengths), side),
             f"the mask is (B, max_len), even when every sequence is shorter than max_len "
             f"({section('5.4')})"),
@@ -150,11 +163,13 @@ def _padding_case(plan: str, lengths: list[int], max_len: int, side: str | None,
 
 
 PADDING_MASK = Check("padding_mask", reference_padding, (
-    _padding_case("right padding, side left to its default: lengths [3, 1, 4], max_len 4, "
-                  "True on the real tokens", [3, 1, 4], 4, None,
-                  "mask[b, t] = t < lengths[b]", "5.4"),
+    _padding_case("right padding: lengths [3, 1, 4], max_len 4, True on the real tokens",
+                  [3, 1, 4], 4, "right", "mask[b, t] = t < lengths[b]", "5.4"),
     _padding_case("left padding: lengths [3, 1, 4], max_len 4, the pads first", [3, 1, 4], 4,
                   "left", "left padding: mask[b, t] = t >= max_len - lengths[b]", "5.5"),
+    _padding_case("side left to its default: right padding", [3, 1, 4], 4, None,
+                  "a call without side pads on the right: side=\"right\" is the default",
+                  "5.4"),
     *(_padding_case("lengths [0, 2] padded to max_len 5, on both sides: an empty row, a "
                     "longer mask", [0, 2], 5, side, "a row of length 0 is all False, and the "
                     "mask has max_len columns", "5.4") for side in ("right", "left")),
@@ -181,9 +196,18 @@ def _masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, how: str = "",
             scale: str = "k") -> tuple[Tensor, Tensor]:
     """Masked attention with a known mistake ``how``, for recognising it."""
     d = {"k": q.shape[-1], "v": v.shape[-1], "none": 1}[scale]
+    if how == "scaled_after":
+        d = 1
     scores = q @ k.transpose(-2, -1) / math.sqrt(d)  # (..., T_q, T_k)
-    fills = {"inverted": (mask, -math.inf), "zero": (~mask, 0.0), "big": (~mask, -1e9)}
-    if how == "after":
+    fills = {"inverted": (mask, -math.inf), "inverted_raw": (mask, -math.inf),
+             "zero": (~mask, 0.0), "big": (~mask, -1e9)}
+    if how == "bool_added":
+        weights = torch.softmax(scores + mask.to(scores.dtype), dim=-1)
+    elif how == "inf_added":  # an additive 0 / -inf mask: NaN flows back from an empty row
+        blocked = torch.zeros(mask.shape, dtype=scores.dtype).masked_fill(~mask, -math.inf)
+        weights = torch.softmax(scores + blocked, dim=-1)
+        weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    elif how == "after":
         weights = torch.softmax(scores, dim=-1) * mask
     elif how == "added":
         weights = torch.softmax(scores - 1e9 * ~mask, dim=-1)
@@ -192,6 +216,14 @@ def _masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, how: str = "",
         weights = torch.softmax(scores.masked_fill(where, value), dim=-1)
     if how == "cleaned":  # NaN of the empty rows cleaned after the softmax: the backward
         return torch.nan_to_num(weights @ v), torch.nan_to_num(weights)  # still has NaN
+    if how in ("inverted", "columns", "scaled_after"):  # their NaN cleaned: what they show
+        weights = torch.nan_to_num(weights)  # is the mistake itself
+    if how == "columns":  # "empty" rows found over the queries (a column of the mask)
+        empty = ~mask.any(-2, keepdim=True).transpose(-2, -1)  # (..., T_k, 1)
+        if empty.shape[-2] == weights.shape[-2]:
+            weights = weights.masked_fill(empty, 0.0)
+    if how == "scaled_after":
+        weights = weights / math.sqrt(q.shape[-1])
     if scale != "k":  # only the scale is wrong: the empty rows are right
         weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     return weights @ v, weights
@@ -200,13 +232,29 @@ def _masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, how: str = "",
 EMPTY_TEXT = ("a query with no allowed key gets softmax(all -inf) = 0 / 0 = NaN: give such "
               "rows zero weights and a zero output")
 EMPTY_HINT = f"{EMPTY_TEXT} ({section('5.6')})"
+INVERTED_HINT = (f"True means may attend: block the scores where the mask is False, "
+                 f"masked_fill(~mask, -inf), not where it is True ({section('5.7')})")
 
 MASKED_MISTAKES = (
     Mistake(lambda q, k, v, mask: reference_attention(q, k, v, mask)[0],
             f"return a pair (out, weights), not only out ({section('4.1')})"),
-    Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, "inverted"),
-            f"True means may attend: block the scores where the mask is False, "
-            f"masked_fill(~mask, -inf), not where it is True ({section('5.7')})"),
+    *(Mistake(lambda q, k, v, mask, how=how: _masked(q, k, v, mask, how), INVERTED_HINT)
+      for how in ("inverted", "inverted_raw")),
+    Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, "columns"),
+            f"a query with no allowed key is a row of the mask that is all False, "
+            f"~mask.any(dim=-1) over the keys; mask.any(dim=-2) looks down a column, at a key "
+            f"no query may attend ({section('5.6')})"),
+    Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, "inf_added"),
+            f"adding a 0 / -inf mask to the scores sends NaN back through a row with no "
+            f"allowed key (the gradient of the softmax of all -inf); fill the blocked scores "
+            f"with masked_fill or torch.where, which pass them no gradient ({section('5.6')})"),
+    Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, "bool_added"),
+            f"a boolean mask is not an additive mask: scores + mask adds 1 to the allowed "
+            f"scores and blocks nothing; fill the blocked scores with -inf, masked_fill(~mask, "
+            f"-inf) ({section('5.2')})"),
+    Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, "scaled_after"),
+            f"scale the scores by 1 / sqrt(d_k) before the softmax, not the weights after it: "
+            f"the weights must sum to 1 ({section('4.2')})"),
     Mistake(lambda q, k, v, mask: _masked(q, k, v, mask, "after"),
             f"mask the scores before the softmax (with -inf), not the weights after it: the "
             f"weights left must still sum to 1 ({section('5.2')})"),
@@ -246,6 +294,10 @@ BASE_HINT = "fill the scores where the mask is False with -inf before the softma
             "masked_fill(~mask, -inf)"
 
 
+def _key_padding() -> Tensor:
+    return reference_padding([4, 2], 5)[:, None, :]  # (B, 1, T_k): every query, pads blocked
+
+
 def _left_and_causal() -> Tensor:
     keys = reference_padding([5, 3], 5, side="left")  # (B, T_k), True on real keys
     return keys[:, None, None, :] & reference_causal(5)  # (B, 1, T_q, T_k)
@@ -280,6 +332,12 @@ MASKED_ATTENTION = Check("masked_attention", reference_attention, (
                  "the gradients must be finite and match: no NaN may flow back from the empty "
                  "row", "5.6", gradients((0, 1, 2)),
                  gradient_properties(("q", "k", "v"), "5.6")),
+    _masked_case("a key padding mask (2, 1, 5) alone, lengths [4, 2]: a pad key's column is "
+                 "all False, but every query still has keys to attend, so no row is zero",
+                 ((2, 5, 4), (2, 5, 4), (2, 5, 3)), _key_padding,
+                 "padding_mask([4, 2], 5)[:, None, :], True on real keys", "a row is empty "
+                 "only when the query has no allowed key (mask.any(dim=-1) is False); blocked "
+                 "keys get weight 0, the other keys share the rest", "5.4"),
     _masked_case("a batch (2, 2, 5, 8) with left-padded keys and a causal mask broadcast "
                  "(B, 1, T_q, T_k)", ((2, 2, 5, 8), (2, 2, 5, 8), (2, 2, 5, 6)),
                  _left_and_causal, "left padding of lengths [5, 3] AND causal, (2, 1, 5, 5)",

@@ -40,6 +40,9 @@ def _rope_variant(how: str) -> Callable[[Tensor, Tensor], Tensor]:
         else:
             theta = sinusoid_angles(positions, d)  # (T, d / 2)
         cos, sin = theta.cos().to(x.dtype), theta.sin().to(x.dtype)
+        if how == "tiled":  # cos and sin widened with repeat, not repeat_interleave
+            turned = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+            return x * torch.cat([cos, cos], -1) + turned * torch.cat([sin, sin], -1)
         if how == "halves":  # Hugging Face's rotate_half layout
             first_half, second = x[..., : d // 2], x[..., d // 2:]
             return torch.cat([first_half * cos - second * sin, first_half * sin + second * cos],
@@ -73,6 +76,10 @@ ROPE_MISTAKES = (
             f"positions start at 0: position 0 leaves a vector unchanged ({section('10.1')})"),
     Mistake(lambda x, positions: x, f"your function leaves x unchanged: turn each pair by its "
                                     f"angle ({section('10.1')})"),
+    Mistake(_rope_variant("tiled"),
+            f"each pair (x[2i], x[2i+1]) shares one angle: widen cos and sin to d with "
+            f"repeat_interleave(2) (c0, c0, c1, c1, ...), not repeat (c0, c1, ..., c0, c1, ...) "
+            f"({section('10.1')})"),
 )
 ROPE_HINT = "turn each pair (x[2i], x[2i+1]) by positions[t] / 10000^(2i / d) radians"
 PAIR = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], dtype=F64)
@@ -119,11 +126,21 @@ def rope(fn: Callable[[Tensor, Tensor], Tensor]) -> CheckResult:
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, rotate: str = "qk",
-            causal: bool = True, scale: float | None = None) -> Tensor:
-    turned = {name: reference_rope(t, positions) if name in rotate else t
+            causal: bool = True, scale: float | None = None,
+            turn: Callable[[Tensor, Tensor], Tensor] = reference_rope,
+            diagonal: bool = True) -> Tensor:
+    """Causal attention of the rotated q and k, right or with one known mistake: another
+    rotation ``turn``, or a causal mask whose diagonal is blocked (``diagonal=False``)."""
+    turned = {name: turn(t, positions) if name in rotate else t
               for name, t in (("q", q), ("k", k), ("v", v))}
-    return reference_attention(turned["q"], turned["k"], turned["v"], is_causal=causal,
-                               scale=scale)[0]
+    if diagonal:
+        return reference_attention(turned["q"], turned["k"], turned["v"], is_causal=causal,
+                                   scale=scale)[0]
+    t = q.shape[-2]
+    scores = turned["q"] @ turned["k"].transpose(-2, -1) / q.shape[-1] ** 0.5  # (.., T, T)
+    strict = torch.ones(t, t, dtype=torch.bool).tril(-1)  # keys before the query only
+    weights = torch.softmax(scores.masked_fill(~strict, float("-inf")), dim=-1)
+    return weights.nan_to_num() @ turned["v"]
 
 
 ROPE_ATTENTION_MISTAKES = (
@@ -146,6 +163,25 @@ ROPE_ATTENTION_MISTAKES = (
             f"({section('4.2')})"),
     Mistake(lambda q, k, v, p: _attend(q, k, v, p, scale=v.shape[-1] ** -0.5),
             f"scale by 1 / sqrt(d), the width of q and k, not of v ({section('4.2')})"),
+    Mistake(lambda q, k, v, p: _attend(q, k, v, torch.arange(q.shape[-2])),
+            f"rotate by the positions given, not by 0..T-1: positions need not be 0, 1, 2, "
+            f"... (a cache, a gap), and the scores see their differences ({section('10.1')})"),
+    Mistake(lambda q, k, v, p: _attend(q, k, v, p, turn=_rope_variant("backwards")),
+            f"turn by +angle, x'[2i] = x[2i] cos - x[2i+1] sin, x'[2i+1] = x[2i] sin + x[2i+1] "
+            f"cos: turned the other way, the scores see j - i instead of i - j "
+            f"({section('10.1')})"),
+    Mistake(lambda q, k, v, p: _attend(q, k, v, p, turn=_rope_variant("per_feature")),
+            f"pair i turns at 1 / 10000^(2i / d) radians per position: the exponent uses 2i, "
+            f"not i ({section('10.1')})"),
+    Mistake(lambda q, k, v, p: _attend(q, k, v, p, turn=_rope_variant("halves")),
+            f"this chapter pairs interleaved features (x[2i], x[2i+1]); you paired x[i] with "
+            f"x[i + d/2], Hugging Face's rotate_half layout ({section('10.1')})"),
+    Mistake(lambda q, k, v, p: _attend(q, k, v, p, turn=_rope_variant("tiled")),
+            f"each pair (x[2i], x[2i+1]) shares one angle: widen cos and sin with "
+            f"repeat_interleave(2), not repeat ({section('10.1')})"),
+    Mistake(lambda q, k, v, p: _attend(q, k, v, p, diagonal=False),
+            f"block only the future keys, j > i: a token attends to itself, so the causal "
+            f"mask keeps its diagonal, tril() ({section('5.3')})"),
 )
 ROPE_ATTENTION_HINT = ("rotate the queries and the keys by their positions, leave the values "
                        "alone, then causal attention softmax(q' k'^T / sqrt(d)) v")
@@ -177,6 +213,9 @@ ROPE_ATTENTION = Check("rope_attention", lambda q, k, v, p: _attend(q, k, v, p),
                          "only i - j", (2, 6, 8), 8, list(range(10, 16))),
     _rope_attention_case("values narrower than the queries: v (2, 6, 6)", (2, 6, 8), 6,
                          list(range(3, 9))),
+    _rope_attention_case("positions with a gap, [0, 1, 2, 5, 6, 7]: the scores across the gap "
+                         "see a distance 2 larger than the tokens' indices", (2, 6, 8), 8,
+                         [0, 1, 2, 5, 6, 7]),
     _rope_attention_case("size-1 dimensions: one token in a batch of one, at position 4",
                          (1, 1, 8), 8, [4]),
     _rope_attention_case("float64 gradients of q, k and v", (2, 6, 8), 6, list(range(6)),
@@ -189,9 +228,9 @@ def rope_attention(fn: Callable[..., Tensor]) -> CheckResult:
     """Check causal attention with RoPE, ``fn(q, k, v, positions) -> (B, T, d_v)`` (Ch. 10).
 
     ``q``, ``k (B, T, d)``, ``v (B, T, d_v)``, ``positions (T,)``: the queries and keys are
-    rotated by their positions (the chapter's interleaved pairs), the values are not, then
-    causal scaled dot-product attention; returning ``(out, weights)`` will do too (section
-    10.1). No argument may be changed.
+    rotated by their positions (the chapter's interleaved pairs; any integers, not only 0..T-1),
+    the values are not, then causal scaled dot-product attention; returning ``(out,
+    weights)`` will do too (section 10.1). No argument may be changed.
     """
     return run_check(ROPE_ATTENTION, fn)
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..core.attention import scaled_dot_product_attention as reference_attention
 from ..core.self_attention import SelfAttention as ReferenceSelfAttention
-from .common import F64, gen, gradient_properties, not_normalised, randn
+from .common import F64, gen, gradient_properties, not_normalised, randn, shared_projections
 from .harness import gradients, layer_forward, layer_structure, seeded_linears
 from .report import CheckResult, section
 from .runner import Case, Check, Harness, Inputs, Mistake, Property, args, call, run_check
@@ -48,12 +48,17 @@ MATMUL_HINT = (f"use @ (torch.matmul), which broadcasts over the batch dimension
 
 QKV_MISTAKES = (
     Mistake(lambda x, *ws: tuple(x @ w.T for w in ws), TRANSPOSE_HINT),
+    Mistake(lambda x, *ws: tuple(x @ (w.T if w.shape[0] == w.shape[1] else w) for w in ws),
+            TRANSPOSE_HINT),
     Mistake(lambda x, w_q, w_k, w_v: (x @ w_k, x @ w_q, x @ w_v),
             f"return (q, k, v) in this order: q from W_Q, k from W_K, v from W_V "
             f"({section('3.3')})"),
     Mistake(lambda x, w_q, w_k, w_v: (x @ w_q / math.sqrt(w_q.shape[-1]), x @ w_k, x @ w_v),
             f"the projection is only x @ W; the 1 / sqrt(d_k) scaling belongs to the scores "
             f"({section('4.2')})"),
+    Mistake(lambda x, w_q, w_k, w_v: (x @ w_q, x @ w_k, x @ (w_k if w_k.shape == w_v.shape
+                                                            else w_v)),
+            f"v comes from W_V, v = x @ W_V, not from W_K ({section('3.3')})"),
     Mistake(lambda x, *ws: tuple((x @ torch.cat(ws, dim=-1)).chunk(3, dim=-1)),
             f"q and k are d_k wide and v is d_v wide: split a fused product at those widths, "
             f"torch.split(..., [d_k, d_k, d_v], dim=-1), not in three equal chunks "
@@ -105,7 +110,8 @@ LAYER_NAMES = ("q_proj", "k_proj", "v_proj")
 class _WrongLayer(nn.Module):
     """A single-head layer with one knob per known mistake."""
 
-    scale_by, softmax_dim, query_from, mix = "out", -1, "q", "v"
+    scale_by, softmax_dim, query_from, key_from, mix = "out", -1, "q", "k", "v"
+    raw, detach = False, False
 
     def __init__(self, d_in: int, d_out: int) -> None:
         super().__init__()
@@ -115,9 +121,14 @@ class _WrongLayer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         q = (self.q_proj if self.query_from == "q" else self.k_proj)(x)  # (B, T, d_out)
-        k, v = self.k_proj(x), self.v_proj(x)  # (B, T, d_out)
+        k = (self.k_proj if self.key_from == "k" else self.q_proj)(x)  # (B, T, d_out)
+        v = self.v_proj(x)  # (B, T, d_out)
+        if self.raw and x.shape[-1] == q.shape[-1]:  # x @ weight, as if not transposed
+            q, k = x @ self.q_proj.weight, x @ self.k_proj.weight
         scale = {"out": k.shape[-1], "in": x.shape[-1], "none": 1}[self.scale_by]
         weights = torch.softmax(q @ k.mT / math.sqrt(scale), dim=self.softmax_dim)
+        if self.detach:
+            weights = weights.detach()
         return weights @ {"v": v, "k": k, "x": x}[self.mix]  # (B, T, T) @ (B, T, d_out)
 
 
@@ -135,20 +146,24 @@ LAYER_HINT = ("out = softmax(q k^T / sqrt(d_out)) v with q = self.q_proj(x), k =
               "self.k_proj(x), v = self.v_proj(x)")
 
 
-def _layer_case(plan: str, d_in: int, d_out: int, shape: tuple[int, ...], seed: int) -> Case:
+def _layer_case(plan: str, d_in: int, d_out: int, shape: tuple[int, ...], seed: int,
+                harness: Harness | None = None, properties: tuple[Property, ...] = (),
+                hint: str = LAYER_HINT) -> Case:
     def inputs() -> Inputs:
         return args((d_in, d_out), seeded_linears(LAYER_NAMES, d_in, d_out, seed, bias=False),
                     randn(gen(seed), *shape))
 
     return Case(plan, inputs, f"SelfAttention({d_in}, {d_out}) with seeded weights, random x "
-                f"{shape}, float64, seed {seed}", LAYER_HINT, "3.5", FLOAT32, layer_forward())
+                f"{shape}, float64, seed {seed}", hint, "3.5", FLOAT32,
+                harness or layer_forward(), properties)
 
 
 SELF_ATTENTION_LAYER = Check("self_attention_layer", ReferenceSelfAttention, (
     Case("the class builds q_proj, k_proj, v_proj: nn.Linear(d_in=6, d_out=4, bias=False)",
          lambda: args((6, 4)), "SelfAttention(d_in=6, d_out=4)", NAMES_HINT, "3.5",
          harness=layer_structure(LAYER_NAMES),
-         properties=(Property(_has_bias, f"your projections have a bias: the exercise builds "
+         properties=(shared_projections("3.5"),
+                     Property(_has_bias, f"your projections have a bias: the exercise builds "
                                          f"nn.Linear(d_in, d_out, bias=False), and the check "
                                          f"does not zero a bias for you ({section('3.5')})"),)),
     _layer_case("x (2, 5, 6), float64, against course_attn.SelfAttention with the same weights, "
@@ -156,7 +171,19 @@ SELF_ATTENTION_LAYER = Check("self_attention_layer", ReferenceSelfAttention, (
     *(_layer_case("size-1 dimensions: a batch of one, x (1, 3, 8) with d_in = d_out = 8, and "
                   "one token, x (2, 1, 6)", d_in, d_out, shape, 5)
       for d_in, d_out, shape in ((8, 8, (1, 3, 8)), (6, 4, (2, 1, 6)))),
+    _layer_case("the float64 gradient of x through the layer: it flows through the weights "
+                "into q and k, and through v", 6, 4, (2, 5, 6), 5,
+                harness=gradients((2,), inner=layer_forward()),
+                properties=gradient_properties(("x",), "3.5"), hint=DIFFERENTIABLE),
 ), params=("(d_in, d_out)", "weights", "x"), want_class=True, mistakes=(
+    Mistake(_wrong_layer(detach=True), f"do not detach the attention weights: the gradient "
+                                       f"reaches q_proj and k_proj only through them "
+                                       f"({section('3.5')})"),
+    Mistake(_wrong_layer(key_from="q"), f"keys come from k_proj, queries from q_proj: k = "
+                                        f"self.k_proj(x) ({section('3.5')})"),
+    Mistake(_wrong_layer(raw=True), f"nn.Linear stores its weight as (d_out, d_in) and "
+                                    f"computes x @ weight^T: call the layer, self.q_proj(x), "
+                                    f"not x @ self.q_proj.weight ({section('3.4')})"),
     Mistake(_wrong_layer(scale_by="in"), f"scale by sqrt(d_out), the width of the keys, not "
                                          f"sqrt(d_in) ({section('3.5')})"),
     Mistake(_wrong_layer(scale_by="none"), f"divide the scores by sqrt(d_k) = sqrt(d_out) "
@@ -239,6 +266,12 @@ ATTENTION_SCORES = Check("attention_scores", _scores, (
             f"(T_q or T_k) ({section('4.2')})"),
     Mistake(lambda q, k: _scores(k, q),
             f"row i is query i: scores = q @ k^T has shape (T_q, T_k) ({section('4.1')})"),
+    Mistake(lambda q, k: _scores(q, k, q.shape[-1] / 2),
+            f"d_k ** 1/2 is (d_k ** 1) / 2 = d_k / 2: ** binds before /, so write d_k ** 0.5 "
+            f"or math.sqrt(d_k) ({section('4.2')})"),
+    Mistake(lambda q, k: _scores(q, k, math.sqrt(q.shape[1])),
+            f"d_k is the last dimension, q.shape[-1]: q.shape[1] (q.size(1)) is a batch or "
+            f"head axis once q has more than two dimensions ({section('4.1')})"),
 ), errors=(("must match the size", K_T_HINT), ("cannot be multiplied", K_T_HINT)))
 
 
@@ -260,8 +293,11 @@ WORKED_4X3 = (torch.tensor([[1.0, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]], dt
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, *, divide: float | None = None, dim: int = -1,
-               naive: bool = False, mix: str = "v") -> tuple[Tensor, Tensor]:
+               naive: bool = False, mix: str = "v", clamp: float | None = None
+               ) -> tuple[Tensor, Tensor]:
     scores = _scores(q, k, divide)  # (..., T_q, T_k)
+    if clamp is not None:  # "to avoid overflow": it changes every large score
+        scores = scores.clamp(-clamp, clamp)
     if naive:
         weights = scores.exp() / scores.exp().sum(-1, keepdim=True)
     else:
@@ -295,6 +331,11 @@ ATTENTION_MISTAKES = (
     Mistake(lambda q, k, v: _attention(q, k, v, naive=True),
             f"your attention gives NaN: use a softmax that subtracts the row maximum "
             f"({section('1.6')})"),
+    # the round numbers a learner caps the scores at
+    *(Mistake(lambda q, k, v, c=c: _attention(q, k, v, clamp=c),
+              f"do not clamp the scores: capped, every large score counts the same; "
+              f"subtracting each row's maximum is all the softmax needs to stay finite "
+              f"({section('1.6')})") for c in (10.0, 20.0, 30.0, 50.0, 100.0)),
 )
 ATTENTION_HINT = ("out = softmax(q k^T / sqrt(d_k)) v, softmax over the keys (the last "
                   "dimension); return (out, weights)")

@@ -9,8 +9,9 @@ private copy before the learner's code runs, calls the learner's code on another
 and compares the result and the inputs afterwards (a function must not change its
 arguments). At the first case that fails it picks the hint: a known mistake only where its
 output differs from the expected one and matches the learner's at the tolerance a pass
-uses, and that gives the reference's value on every case passed before; then a changed
-argument; then a failing property; then the case's own hint.
+uses, and that gives the reference's value on every case passed before (with a changed
+argument named after it, where there is one); then a changed argument; then a failing
+property; then the case's own hint.
 """
 
 from __future__ import annotations
@@ -260,6 +261,13 @@ def _squeezed(difference: Difference) -> bool:
         tuple(g.shape) == tuple(s for s in e.shape if s != 1) and g.shape != e.shape
 
 
+def _flattened(difference: Difference) -> bool:
+    """The expected leading dimensions folded into one: a 2-D product never reshaped back."""
+    e, g = difference.expected_part, difference.got_part
+    return isinstance(e, Tensor) and isinstance(g, Tensor) and e.dim() > 2 and \
+        g.dim() == 2 and g.shape[-1] == e.shape[-1] and g.shape[0] == e.shape[:-1].numel()
+
+
 def _generic(difference: Difference, case: Case) -> str:
     """What a failing output is told when no mistake and no property names it better: the
     property that fails (a missing size-1 dimension, the dtype, the shape, NaN), then, where
@@ -269,6 +277,11 @@ def _generic(difference: Difference, case: Case) -> str:
     if difference.kind == "shape" and _squeezed(difference):
         return ("a dimension of size 1 is missing from your result (a .squeeze()?): keep "
                 "every dimension, even one of size 1" + cite)
+    if difference.kind == "shape" and _flattened(difference) and isinstance(e, Tensor) and \
+            isinstance(g, Tensor):
+        return (f"your result lost its leading dimensions, {tuple(e.shape)} flattened to "
+                f"{tuple(g.shape)}: keep them (reshape back after a 2-D product, or use @, "
+                f"which broadcasts over them)" + cite)
     if difference.kind == "dtype" and isinstance(e, Tensor) and e.dtype == torch.bool:
         return "return a boolean mask (dtype torch.bool, True = may attend), not numbers" + cite
     if difference.kind == "dtype" and isinstance(e, Tensor):
@@ -375,8 +388,11 @@ class Run:
             claimed = [m for m in self.check.mistakes
                        if self._claims(case, base, m, expected, got) and self._consistent(m)]
             if claimed:  # two mistakes that give the same output here: both are named
-                return claimed[0].hint if len(claimed) == 1 else \
+                told = claimed[0].hint if len(claimed) == 1 else \
                     f"{claimed[0].hint}; or else: {claimed[1].hint}"
+                if change is not None:  # a second mistake, as real as the first
+                    told += f"; and {_mutation_hint(change[0])}"
+                return told
         if change is not None:
             return f"{_mutation_hint(change[0])} ({section(case.section)})"
         assert difference is not None  # a case without a change failed on its value

@@ -103,16 +103,21 @@ def show(value: object, *, limit: int = 12, digits: int = 3) -> str:
         return _number(value, digits)
     if isinstance(value, str):
         return value
-    return "None" if value is None else f"a {type(value).__name__}"
+    return "None" if value is None else _a(type(value).__name__)
+
+
+def _a(word: str) -> str:
+    """``"an int"``, ``"a float"``: the article a word takes (u as in uint8 takes "a")."""
+    return f"an {word}" if word[:1] in "aeioAEIO" else f"a {word}"
 
 
 def shape_of(value: object) -> str:
     """``"a float64 tensor of shape (2, 3)"``, ``"a tuple of 2"``, ``"a float"``."""
     if isinstance(value, Tensor):
-        return f"a {_dtype(value.dtype)} tensor of shape {tuple(value.shape)}"
+        return f"{_a(_dtype(value.dtype))} tensor of shape {tuple(value.shape)}"
     if isinstance(value, tuple | list):
         return f"a {type(value).__name__} of {len(value)}"
-    return "None" if value is None else f"a {type(value).__name__}"
+    return "None" if value is None else _a(type(value).__name__)
 
 
 def _digits(expected: float, got: float) -> int:
