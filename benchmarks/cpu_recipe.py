@@ -5,11 +5,10 @@ and ``--device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size
 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000
 --dropout=0.0``. This script runs that recipe twice on the same text, in the same process,
 interleaved: with ``course_attn.train.train`` and the ``cpu`` preset (the same sizes and
-schedule), and with nanoGPT's training loop as its ``train.py`` writes it (batches cut from a
-``np.memmap`` of ``train.bin``, re-opened at every batch; AdamW from ``configure_optimizers``;
-warm-up and cosine decay; clipping at 1; ``zero_grad(set_to_none=True)``), around the model of
-``benchmarks/nanogpt_model.py``. For each: milliseconds per training iteration (the mean
-over iterations after the first, evaluations left out) and the final validation loss.
+schedule), and with nanoGPT's training loop as its ``train.py`` writes it
+(``benchmarks/nanogpt_train.py``, around ``benchmarks/nanogpt_model.py``). For each:
+milliseconds per training iteration (the mean over the iterations after a few, evaluations
+left out, as the course's trainer reports it) and the final validation loss.
 
     python benchmarks/cpu_recipe.py --data ../shared/data/tinyshakespeare.txt [--iters 2000]
 """
@@ -17,14 +16,11 @@ over iterations after the first, evaluations left out) and the final validation 
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from course_attn.data.text import CharCorpus
@@ -32,72 +28,7 @@ from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import PRESETS, TrainConfig, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import nanogpt_model  # noqa: E402
-
-RECIPE = dict(block_size=64, batch_size=12, n_layer=4, n_head=4, n_embd=128, dropout=0.0,
-              bias=False, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, beta2=0.99,
-              weight_decay=0.1, grad_clip=1.0, eval_interval=250, eval_iters=20)
-
-
-def prepare(text: str, folder: Path) -> int:
-    """nanoGPT's data/shakespeare_char/prepare.py: sorted characters, 90/10, uint16 files."""
-    chars = sorted(set(text))
-    index = {c: i for i, c in enumerate(chars)}
-    ids = np.array([index[c] for c in text], dtype=np.uint16)
-    split = int(0.9 * len(ids))
-    ids[:split].tofile(folder / "train.bin")
-    ids[split:].tofile(folder / "val.bin")
-    return len(chars)
-
-
-def nanogpt_run(folder: Path, vocab: int, iters: int, seed: int) -> tuple[list[float], float]:
-    """nanoGPT's train.py loop on the CPU: (ms of each training iteration, final val loss)."""
-    r = RECIPE
-    torch.manual_seed(seed)
-
-    def get_batch(split: str):  # re-opened every time, as train.py does (a memmap leak)
-        data = np.memmap(folder / f"{split}.bin", dtype=np.uint16, mode="r")
-        ix = torch.randint(len(data) - r["block_size"], (r["batch_size"],))
-        x = torch.stack([torch.from_numpy(data[i:i + r["block_size"]].astype(np.int64))
-                         for i in ix])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + r["block_size"]].astype(np.int64))
-                         for i in ix])
-        return x, y
-
-    model = nanogpt_model.GPT(nanogpt_model.GPTConfig(
-        block_size=r["block_size"], vocab_size=vocab, n_layer=r["n_layer"], n_head=r["n_head"],
-        n_embd=r["n_embd"], dropout=r["dropout"], bias=r["bias"]))
-    optimizer = model.configure_optimizers(r["weight_decay"], r["learning_rate"],
-                                           (0.9, r["beta2"]), "cpu")
-
-    def get_lr(it: int) -> float:
-        if it < r["warmup_iters"]:
-            return r["learning_rate"] * (it + 1) / (r["warmup_iters"] + 1)
-        ratio = (it - r["warmup_iters"]) / (iters - r["warmup_iters"])
-        return r["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (
-            r["learning_rate"] - r["min_lr"])
-
-    @torch.no_grad()
-    def estimate_val() -> float:
-        model.eval()
-        losses = [model(*get_batch("val"))[1].item() for _ in range(r["eval_iters"])]
-        model.train()
-        return sum(losses) / len(losses)
-
-    times, X, Y = [], *get_batch("train")
-    for it in range(iters):
-        t0 = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = get_lr(it)
-        _, loss = model(X, Y)
-        X, Y = get_batch("train")  # prefetch, as train.py does
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), r["grad_clip"])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss.item()  # log_interval=1: the loss is read back every iteration
-        times.append(1e3 * (time.perf_counter() - t0))
-    return times, estimate_val()
+import nanogpt_train  # noqa: E402
 
 
 def course_run(text: str, iters: int, seed: int) -> tuple[float, float]:
@@ -127,11 +58,11 @@ def main(argv: list[str] | None = None) -> int:
           f"iterations per run, {args.rounds} interleaved rounds")
     ms: dict[str, list[float]] = {"course": [], "nanoGPT": []}
     with tempfile.TemporaryDirectory() as tmp:
-        vocab = prepare(text, Path(tmp))
+        vocab = nanogpt_train.prepare(text, Path(tmp))
         for seed in range(args.rounds):
             course_ms, course_val = course_run(text, args.iters, seed)
-            nano_times, nano_val = nanogpt_run(Path(tmp), vocab, args.iters, seed)
-            nano_ms = statistics.fmean(nano_times[1:])  # as the trainer: the mean
+            nano_ms, nano_val = nanogpt_train.run(Path(tmp), vocab, nanogpt_train.CPU_RECIPE,
+                                                  args.iters, seed=seed)
             ms["course"].append(course_ms)
             ms["nanoGPT"].append(nano_ms)
             print(f"round {seed}: course {course_ms:.2f} ms/iter, val {course_val:.4f}; "
