@@ -436,3 +436,18 @@ def test_a_fused_layer_refuses_another_sequence():
         layer(x, x, x)
     with pytest.raises(TypeError, match="fused_qkv"):
         MultiHeadAttention(D_MODEL, N_HEADS, fused_qkv="yes")  # type: ignore[arg-type]
+
+
+def test_fused_projection_equals_the_three_to_the_bit_on_integers():
+    """Integer weights and inputs: every product and sum is exact, so nothing may differ."""
+    torch.manual_seed(3)
+    separate = MultiHeadAttention(D_MODEL, N_HEADS).double()
+    with torch.no_grad():
+        for p in separate.parameters():
+            p.copy_(torch.randint(-2, 3, p.shape))
+    fused = MultiHeadAttention(D_MODEL, N_HEADS, fused_qkv=True).double()
+    fused.load_state_dict(separate.state_dict())
+    x = torch.randint(-3, 4, (2, 5, D_MODEL)).double()
+    (a, wa), (b, wb) = (layer(x, is_causal=True, need_weights=True)
+                        for layer in (separate, fused))
+    assert torch.equal(a, b) and torch.equal(wa, wb)
