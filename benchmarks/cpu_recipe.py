@@ -10,7 +10,7 @@ schedule), and with nanoGPT's training loop as its ``train.py`` writes it
 milliseconds per training iteration (the mean over the iterations after a few, evaluations
 left out, as the course's trainer reports it) and the final validation loss.
 
-    python benchmarks/cpu_recipe.py --data ../shared/data/tinyshakespeare.txt [--iters 2000]
+    python benchmarks/cpu_recipe.py [--data input.txt] [--iters 2000] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from course_attn.data.text import CharCorpus
+from course_attn.data.text import CharCorpus, default_corpus
 from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import PRESETS, TrainConfig, train
 
@@ -49,11 +49,12 @@ def course_run(text: str, iters: int, seed: int) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, required=True, help="a text file (Tiny Shakespeare)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="a text file (Tiny Shakespeare; default: the offline corpus)")
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
-    text = args.data.read_text(encoding="utf-8")
+    text = default_corpus() if args.data is None else args.data.read_text(encoding="utf-8")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.iters} "
           f"iterations per run, {args.rounds} interleaved rounds")
     ms: dict[str, list[float]] = {"course": [], "nanoGPT": []}
