@@ -212,6 +212,8 @@ def kernel() -> None:
     print("| shape, path | out | dq | dk | dv |\n|---|---|---|---|---|")
     for name, values in errors.items():
         print(f"| {name} | " + " | ".join(f"{x:.2e}" for x in values) + " |")
+    if not DRY:
+        graph_times()
     tuners = triton_kernels.tuners
     if tuners is not None:
         print("\n**configurations the tuner chose** (key: dtype, length bucket, D_K, D_V, ...)\n")
@@ -220,6 +222,32 @@ def kernel() -> None:
             for key, chosen in getattr(tuners, kind).chosen.items():
                 print(f"| {kind} | {key[:4]} | {chosen['BLOCK_Q']} x {chosen['BLOCK_K']}, "
                       f"{chosen['num_warps']}, {chosen['num_stages']} |")
+
+
+def graph_times() -> None:
+    """The forward at T = 1,024 with the host taken out: each path's call captured in a CUDA
+    graph and replayed (``triton.testing.do_bench_cudagraph``), against the plain timing. A
+    kernel of tens of microseconds is shorter than the host's work per call, so the plain
+    timing measures the host, and varies with it; the replayed one measures the GPU."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    _, b, h, t, d = SHAPES[0]
+    g = torch.Generator(device=DEVICE).manual_seed(t + d)
+    q, k, v = (torch.randn(b, h, t, d, generator=g, device=DEVICE, dtype=torch.bfloat16)
+               for _ in range(3))
+    print(f"\n**forward at T={t} d={d}, ms: plain (host included) and replayed from a CUDA "
+          "graph (GPU only), median of 5 rounds each**\n")
+    print("| path | plain | CUDA graph |\n|---|---|---|")
+    paths = {"SDPA FLASH": _sdpa("FLASH_ATTENTION"), "Triton pair": _triton("pair"),
+             "Triton atomic": _triton("atomic")}
+    for name, fn in paths.items():
+        def call(fn: Callable[..., torch.Tensor] = fn) -> None:
+            with torch.no_grad():
+                fn(q, k, v)
+        call()
+        plain = statistics.median(do_bench(call, warmup=10, rep=60) for _ in range(5))
+        graph = statistics.median(do_bench_cudagraph(call, rep=60) for _ in range(5))
+        print(f"| {name} | {plain:.3f} | {graph:.3f} |")
 
 
 def calls() -> None:
@@ -274,7 +302,7 @@ def step(bias: str = "false") -> None:
     batch, t, steps, warm = (2, 16, 3, 1) if DRY else (64, 256, 35, 5)
     g = torch.Generator(device=DEVICE).manual_seed(0)
     idx = torch.randint(65, (batch, t + 1), generator=g, device=DEVICE)
-    x, y = idx[:, :-1], idx[:, 1:]  # (B, T) each
+    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()  # (B, T) each, as batches are
     print(f"| model, biases {bias} | step ms (mean of {steps - warm}, after {warm} warm-up "
           "steps) |\n|---|---|")
     for name, build in _models(bias == "true").items():
