@@ -33,26 +33,14 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_attn import ATTENTION_IMPLS, GPTConfig, MiniGPT
+from course_attn.lab.measure import operator_counts
 
 HERE = Path(__file__).resolve().parent
 GPU = dict(n_layers=6, n_heads=6, d_model=384, context_length=256, batch=64, dropout=0.2)
 TINY = dict(GPU, d_model=48, context_length=8, batch=1)
 VOCAB = 65
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts every aten operator dispatched while it is active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket.__name__)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def load_nanogpt(folder: Path | None):
@@ -104,9 +92,7 @@ def count_ops(kind: str, bias: bool, impl: str, nanogpt) -> Counter[str]:
     model, optimizer = build(kind, GPU, bias, impl, nanogpt, "meta")
     x, y = batch(GPU, "meta")
     step(model, optimizer, x, y)  # the first step creates AdamW's state; count the next
-    with OpCounter() as counter:
-        step(model, optimizer, x, y)
-    return counter.ops
+    return operator_counts(lambda: step(model, optimizer, x, y))
 
 
 def host_ms(kind: str, bias: bool, impl: str, nanogpt, steps: int) -> float:
