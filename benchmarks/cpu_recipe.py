@@ -6,7 +6,7 @@ and ``--device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size
 --dropout=0.0``. This script runs that recipe twice on the same text, in the same process,
 interleaved: with ``course_attn.train.train`` and the ``cpu`` preset (the same sizes and
 schedule), and with nanoGPT's training loop as its ``train.py`` writes it
-(``benchmarks/nanogpt_train.py``, around ``benchmarks/nanogpt_model.py``). For each:
+(``benchmarks/nanogpt_train.py``, around ``course_attn.lab.nanogpt``). For each:
 milliseconds per training iteration (the mean over the iterations after a few, evaluations
 left out, as the course's trainer reports it) and the final validation loss.
 

@@ -15,7 +15,7 @@ measured without a GPU:
   figure the median of its two rounds' medians.
 
 Both models have the same layers, heads, dropout and bias setting (``--bias both`` runs
-with and without biases). nanoGPT is ``benchmarks/nanogpt_model.py`` (its model.py written
+with and without biases). nanoGPT is ``course_attn.lab.nanogpt`` (its model.py written
 out) or, with ``--nanogpt-dir``, the ``model.py`` of a checkout. Prints a table and the
 ratios; asserts nothing (speed goals are measured, not tested).
 
@@ -36,21 +36,24 @@ import torch
 
 from course_attn import ATTENTION_IMPLS, GPTConfig, MiniGPT
 from course_attn.lab.measure import operator_counts
+from course_attn.lab.nanogpt import NanoGPT, NanoGPTConfig
 
-HERE = Path(__file__).resolve().parent
 GPU = dict(n_layers=6, n_heads=6, d_model=384, context_length=256, batch=64, dropout=0.2)
 TINY = dict(GPU, d_model=48, context_length=8, batch=1)
 VOCAB = 65
 
 
-def load_nanogpt(folder: Path | None):
-    path = HERE / "nanogpt_model.py" if folder is None else folder / "model.py"
-    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
-    assert spec is not None and spec.loader is not None, path
+def load_nanogpt(folder: Path | None) -> tuple[type, type]:
+    """nanoGPT's model class and config: the package's (course_attn.lab.nanogpt) or, with a
+    folder, the ``GPT`` and ``GPTConfig`` of that checkout's ``model.py``."""
+    if folder is None:
+        return NanoGPT, NanoGPTConfig
+    spec = importlib.util.spec_from_file_location("nanogpt_checkout", folder / "model.py")
+    assert spec is not None and spec.loader is not None, folder
     module = importlib.util.module_from_spec(spec)
-    sys.modules["nanogpt_model"] = module  # a dataclass looks its module up there
+    sys.modules["nanogpt_checkout"] = module  # a dataclass looks its module up there
     spec.loader.exec_module(module)
-    return module
+    return module.GPT, module.GPTConfig
 
 
 def build(kind: str, sizes: dict, bias: bool, impl: str, nanogpt, device: str):
@@ -62,7 +65,8 @@ def build(kind: str, sizes: dict, bias: bool, impl: str, nanogpt, device: str):
                                       d_model=sizes["d_model"], dropout=sizes["dropout"],
                                       bias=bias, impl=impl))
         else:
-            model = nanogpt.GPT(nanogpt.GPTConfig(
+            gpt, gpt_config = nanogpt
+            model = gpt(gpt_config(
                 block_size=sizes["context_length"], vocab_size=VOCAB,
                 n_layer=sizes["n_layers"], n_head=sizes["n_heads"], n_embd=sizes["d_model"],
                 dropout=sizes["dropout"], bias=bias))

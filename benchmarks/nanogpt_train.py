@@ -1,4 +1,4 @@
-"""nanoGPT's training loop, as its train.py writes it, around benchmarks/nanogpt_model.py.
+"""nanoGPT's training loop, as its train.py writes it, around course_attn.lab.nanogpt.
 
 For the comparisons of benchmarks/cpu_recipe.py (nanoGPT's CPU recipe) and
 benchmarks/gpu_check.sh (its baby GPT on a GPU, where no checkout of nanoGPT is given):
@@ -17,9 +17,10 @@ import math
 import time
 from pathlib import Path
 
-import nanogpt_model  # noqa: I001  (beside this file: benchmarks/ is on the path)
 import numpy as np
 import torch
+
+from course_attn.lab.nanogpt import NanoGPT, NanoGPTConfig
 
 #: nanoGPT's config/train_shakespeare_char.py (the baby GPT) and its CPU recipe's overrides.
 BABY_GPT = dict(block_size=256, batch_size=64, n_layer=6, n_head=6, n_embd=384, dropout=0.2,
@@ -61,7 +62,7 @@ def run(folder: Path, vocab: int, r: dict, iters: int, *, seed: int = 1337,
                 y.pin_memory().to(device, non_blocking=True)
         return x, y
 
-    model = nanogpt_model.GPT(nanogpt_model.GPTConfig(
+    model = NanoGPT(NanoGPTConfig(
         block_size=r["block_size"], vocab_size=vocab, n_layer=r["n_layer"], n_head=r["n_head"],
         n_embd=r["n_embd"], dropout=r["dropout"], bias=r["bias"])).to(device)
     optimizer = model.configure_optimizers(r["weight_decay"], r["learning_rate"],

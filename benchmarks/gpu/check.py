@@ -275,10 +275,8 @@ def calls() -> None:
 # ---------------------------------------------------------------------------- training
 def _models(bias: bool) -> dict[str, Callable[[], torch.nn.Module]]:
     """The baby GPT as MiniGPT (sdpa, triton) and as nanoGPT's model, the same bias setting."""
+    from course_attn.lab.nanogpt import NanoGPT, NanoGPTConfig
     from course_attn.models.gpt import GPTConfig, MiniGPT
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import nanogpt_model
 
     def course(impl: str) -> Callable[[], torch.nn.Module]:
         return lambda: MiniGPT(GPTConfig(vocab_size=65, context_length=256, n_layers=6,
@@ -286,7 +284,7 @@ def _models(bias: bool) -> dict[str, Callable[[], torch.nn.Module]]:
                                          impl=impl))
 
     def nano() -> torch.nn.Module:
-        return nanogpt_model.GPT(nanogpt_model.GPTConfig(
+        return NanoGPT(NanoGPTConfig(
             block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384, dropout=0.2,
             bias=bias))
 

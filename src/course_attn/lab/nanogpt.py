@@ -1,12 +1,14 @@
-"""nanoGPT's model, written out for like-for-like measurements (benchmarks/host_cost.py).
+"""nanoGPT's model, written out as a yardstick for MiniGPT's cost (Chapter 11).
 
 The same modules, in the same order, with the same tensor operations as ``model.py`` of
 karpathy/nanoGPT (MIT licence; its GPT-2 layout: LayerNorm with an optional bias, one
 ``c_attn`` projection split into q, k and v, PyTorch's fused attention with
 ``is_causal=True``, a GELU MLP, tied embeddings, GPT-2's initialisation and its
-``configure_optimizers``). What nanoGPT keeps for loading GPT-2 checkpoints, cropping the
-context, estimating MFU and generating is left out: the benchmarks time a training step.
-To measure against a checkout of nanoGPT instead, pass ``--nanogpt-dir``.
+``configure_optimizers``), under the names :class:`NanoGPT` and :class:`NanoGPTConfig`.
+What nanoGPT keeps for loading GPT-2 checkpoints, cropping the context, estimating MFU and
+generating is left out: chapter 11 and ``benchmarks/host_cost.py`` count and time a
+training step of each model. It is a reference to measure against, not a model of the
+course (``benchmarks/host_cost.py --nanogpt-dir`` measures a checkout of nanoGPT instead).
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+__all__ = ["NanoGPT", "NanoGPTConfig"]
+
 
 @dataclass
-class GPTConfig:
+class NanoGPTConfig:
+    """nanoGPT's ``GPTConfig``: its names and its defaults, GPT-2 small's (Chapter 11)."""
+
     block_size: int = 1024
     vocab_size: int = 50304
     n_layer: int = 12
@@ -44,7 +50,7 @@ class LayerNorm(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: NanoGPTConfig) -> None:
         super().__init__()
         assert config.n_embd % config.n_head == 0
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
@@ -66,7 +72,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: NanoGPTConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.gelu = nn.GELU()
@@ -78,7 +84,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: NanoGPTConfig) -> None:
         super().__init__()
         self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
@@ -90,19 +96,22 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class GPT(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+class NanoGPT(nn.Module):
+    """nanoGPT's ``GPT``: ``forward(idx (B, T), targets=None) -> (logits, loss or None)``,
+    the loss nanoGPT's mean cross-entropy with ``ignore_index=-1`` (Chapter 11)."""
+
+    def __init__(self, config: NanoGPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
-        ))
+        # nanoGPT keeps these in a ModuleDict named transformer; plain attributes here, the
+        # same modules in the same order (the state_dict's names differ, the operators not)
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2's scaled residual projections
             if name.endswith("c_proj.weight"):
@@ -116,16 +125,17 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         device = idx.device
         b, t = idx.size()
         pos = torch.arange(0, t, dtype=torch.long, device=device)  # (t,)
-        tok_emb = self.transformer.wte(idx)  # (b, t, n_embd)
-        pos_emb = self.transformer.wpe(pos)  # (t, n_embd)
-        x = self.transformer.drop(tok_emb + pos_emb)
-        for block in self.transformer.h:
+        tok_emb = self.wte(idx)  # (b, t, n_embd)
+        pos_emb = self.wpe(pos)  # (t, n_embd)
+        x = self.drop(tok_emb + pos_emb)
+        for block in self.h:
             x = block(x)
-        x = self.transformer.ln_f(x)
+        x = self.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None  # only the last position at inference
         logits = self.lm_head(x)
