@@ -22,8 +22,11 @@
 # Sections: (a) date, card, versions, CPU; (b) tests/test_triton_attention.py compiled (no
 # interpreter), in 4 processes; (c) the kernel (both backwards) against SDPA's
 # FlashAttention-2, cuDNN and memory-efficient backends, forced one by one; (d) the host time
-# per call; (e) MiniGPT's training step, the trainer (--impl sdpa, --impl triton) and
-# nanoGPT's train.py. A section that fails prints its error and the script goes on.
+# per call, and the host cost of a training step against nanoGPT's (benchmarks/host_cost.py);
+# (e) the training step against nanoGPT's model with the same biases, the trainer (--impl
+# sdpa, --impl triton) and nanoGPT's train.py (a checkout in NANOGPT_DIR, else its loop as
+# benchmarks/nanogpt_train.py writes it). A section that fails prints its error and the
+# script goes on.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python}
@@ -131,12 +134,19 @@ run_trainer() {
 
 # (e) nanoGPT's train.py, same baby GPT (its config/train_shakespeare_char.py), eager
 run_nanogpt() {
+  [ -f "$DATA" ] || { echo "no text at DATA=$DATA"; return 1; }
   if [ -z "${NANOGPT_DIR:-}" ] || [ ! -f "$NANOGPT_DIR/train.py" ] \
       || [ ! -f "$NANOGPT_DIR/model.py" ]; then
-    echo "skipped: NANOGPT_DIR does not hold nanoGPT's train.py and model.py"
+    # no checkout: its train.py loop and model written out (benchmarks/nanogpt_train.py)
+    echo "no NANOGPT_DIR: nanoGPT's train.py loop as benchmarks/nanogpt_train.py writes it"
+    "$PY" benchmarks/gpu/check.py nanogpt-loop "$DATA" "$ITERS" > "$TMP/nanogpt-loop.log" 2>&1
+    local rc=$?
+    tail -n 2 "$TMP/nanogpt-loop.log"
+    [ "$rc" = 0 ] || return $rc
+    tail -n 1 "$TMP/nanogpt-loop.log" > "$TMP/ms-nanogpt"
+    echo "nanoGPT's loop: $(cat "$TMP/ms-nanogpt") ms/iter (mean, synchronised at both ends)"
     return 0
   fi
-  [ -f "$DATA" ] || { echo "no text at DATA=$DATA"; return 1; }
   "$PY" benchmarks/gpu/check.py nanogpt-data "$DATA" "$NANOGPT_DIR/data/shakespeare_char" \
     || return 1
   # evaluation only at iteration 0 (eval_interval past the end), so no checkpoint is written
@@ -172,16 +182,18 @@ export PY TMP DATA ITERS
 export -f run_tests run_trainer run_nanogpt summary
 say "# GPU check of course_attn (benchmarks/gpu_check.sh)"
 # caps, and reserves: the least each later section needs (kernel 60 s, host 10, calls 10,
-# step 40, each trainer 25, nanoGPT 25, summary 10)
+# host cost 10, step 40, each trainer 25, nanoGPT 25, summary 10)
 section "(a) date, card, versions, CPU" 30 0 md "$PY" benchmarks/gpu/check.py env
-section "(b) tests/test_triton_attention.py, compiled kernels" 150 205 text run_tests
-section "(c) the Triton kernel against SDPA's backends" 150 145 md \
+section "(b) tests/test_triton_attention.py, compiled kernels" 150 215 text run_tests
+section "(c) the Triton kernel against SDPA's backends" 150 155 md \
   "$PY" benchmarks/gpu/check.py kernel
-section "(d) host time per call" 30 135 text \
+section "(d) host time per call" 30 145 text \
   "$PY" benchmarks/attention_triton.py --host-only --device cuda --dtype bfloat16
-section "(d) wall time per small call" 20 125 md "$PY" benchmarks/gpu/check.py calls
-section "(e) MiniGPT's training step (gpu preset sizes, bf16 autocast, eager)" 60 85 md \
-  "$PY" benchmarks/gpu/check.py step
+section "(d) wall time per small call" 20 135 md "$PY" benchmarks/gpu/check.py calls
+section "(d) host cost of a training step (this machine's CPU)" 60 95 text \
+  "$PY" benchmarks/host_cost.py --steps 100
+section "(e) the training step against nanoGPT's model (gpu preset sizes, no biases)" 60 85 md \
+  "$PY" benchmarks/gpu/check.py step false
 section "(e) the trainer, --impl sdpa" 40 60 text run_trainer sdpa
 section "(e) the trainer, --impl triton" 50 35 text run_trainer triton
 section "(e) nanoGPT's train.py" 40 10 text run_nanogpt

@@ -36,7 +36,8 @@ def test_a_chapter_10_model_trains_saves_and_resumes_from_the_cli(tmp_path):
     assert (saved["pos_encoding"], saved["n_kv_heads"], saved["window"], saved["norm"],
             saved["activation"], saved["bias"]) == ("rope", 1, 5, "rms", "swiglu", False)
     model, _ = model_from_checkpoint(checkpoint)  # (the model, no tokenizer: a task)
-    assert model.blocks[0].self_attn.k_proj.out_features == 4  # one key/value head of width 4
+    attn = model.blocks[0].self_attn  # q (width 16) and one key/value head of width 4, fused
+    assert (attn.kv_width, attn.qkv_proj.out_features) == (4, 16 + 2 * 4)
     assert isinstance(model.norm, torch.nn.RMSNorm) and model.blocks[0].ff.gated
     # a resumed run is the same run: the same flags rebuild the same model ...
     assert main([*RECALL, *variant, *schedule, "--max-iters", "4", "--resume", str(ckpt),

@@ -122,3 +122,19 @@ def test_median_seconds_and_bad_arguments():
             measure("not a function")
     with pytest.raises(ValueError, match="device"):
         peak_memory_bytes(lambda: None, device="meta")
+
+
+def test_operator_counts_name_each_operator_of_a_training_step_on_meta():
+    """By name, and on the meta device (nothing computed): a linear layer's step."""
+    from course_attn.lab.measure import operator_counts
+
+    with torch.device("meta"):
+        layer = torch.nn.Linear(4, 3, bias=False)
+        x = torch.randn(2, 4)
+
+    def step() -> None:
+        layer(x).sum().backward()
+
+    counts = operator_counts(step)
+    assert counts["mm"] == 2  # forward x W^T, and the weight's gradient
+    assert sum(counts.values()) == count_ops(step)

@@ -48,7 +48,7 @@ def test_init_std_sets_the_scale_of_the_initial_weights():
                               init_std=0.1))
     for model, std in ((small, 0.02), (large, 0.1)):
         assert model.embed.weight.std().item() == pytest.approx(std, rel=0.05)
-        assert model.blocks[0].self_attn.q_proj.weight.std().item() == pytest.approx(std, rel=0.1)
+        assert model.blocks[0].self_attn.qkv_proj.weight.std().item() == pytest.approx(std, rel=0.1)
         # The projections into the residual stream start 1/sqrt(2 * n_layers) smaller.
         assert model.blocks[1].ff.linear2.weight.std().item() == pytest.approx(std / 2, rel=0.1)
     for bad, error in ((0.0, ValueError), (-0.1, ValueError), (float("nan"), ValueError),

@@ -180,9 +180,10 @@ def test_the_first_layers_weights_equal_alibi_attention_by_hand(n_kv_heads):
     attn = model.blocks[0].self_attn
     h = model.blocks[0].norm1(model.embed(IDX))  # no position is added to the tokens
     group = 4 // attn.n_kv_heads
-    q = split_heads(attn.q_proj(h), 4)  # (B, H, T, hd)
-    k = split_heads(attn.k_proj(h), attn.n_kv_heads).repeat_interleave(group, dim=1)
-    v = split_heads(attn.v_proj(h), attn.n_kv_heads).repeat_interleave(group, dim=1)
+    q, k, v = attn.qkv_proj(h).split((attn.d_model, attn.kv_width, attn.kv_width), dim=-1)
+    q = split_heads(q, 4)  # (B, H, T, hd)
+    k = split_heads(k, attn.n_kv_heads).repeat_interleave(group, dim=1)
+    v = split_heads(v, attn.n_kv_heads).repeat_interleave(group, dim=1)
     _, expected = alibi_attention(q, k, v, alibi_slopes(4, dtype=torch.float64),
                                   MASK[:, None, None, :], is_causal=True)
     assert_close(maps[0], expected, **TIGHT)

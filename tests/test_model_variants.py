@@ -232,7 +232,8 @@ def test_the_cache_holds_only_n_kv_heads_heads(n_kv_heads):
     assert all(cache.k.shape == cache.v.shape == (3, n_kv_heads, 5, head_dim)
                for cache in caches)
     attn = model.blocks[0].self_attn
-    assert attn.k_proj.weight.shape == attn.v_proj.weight.shape == (n_kv_heads * head_dim, 16)
+    # one projection: the queries' 16 rows, then n_kv_heads heads of keys and of values
+    assert attn.qkv_proj.weight.shape == (16 + 2 * n_kv_heads * head_dim, 16)
     full = tiny(n_heads=4)
     saved = 2 * 2 * (4 - n_kv_heads) * head_dim * (16 + 1)  # 2 layers, k and v, weight + bias
     assert full.num_parameters() - model.num_parameters() == saved

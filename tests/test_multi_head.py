@@ -377,3 +377,77 @@ def test_plot_heads_one_heatmap_per_head():
         plot_heads(weights[0, 0])
     with pytest.raises(ValueError, match="head_names"):
         plot_heads(weights[0], head_names=["only one"])
+
+
+# ------------------------------------------------------------ one projection for q, k and v
+def _fused_pair(seed: int, *, bias: bool = True, n_kv_heads: int | None = None):
+    """A fused layer and a separate one holding the same weights (float64)."""
+    torch.manual_seed(seed)
+    separate = MultiHeadAttention(D_MODEL, N_HEADS, bias=bias, n_kv_heads=n_kv_heads).double()
+    fused = MultiHeadAttention(D_MODEL, N_HEADS, bias=bias, n_kv_heads=n_kv_heads,
+                               fused_qkv=True).double()
+    if bias:  # random biases, so that a misplaced one would show
+        for linear in (separate.q_proj, separate.k_proj, separate.v_proj, separate.out_proj):
+            nn.init.normal_(linear.bias)
+    fused.load_state_dict(separate.state_dict())  # q, k, v rows concatenated into qkv_proj
+    return separate.eval(), fused.eval()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
+def test_fused_projection_is_the_three_projections_concatenated(bias, n_kv_heads):
+    separate, fused = _fused_pair(0, bias=bias, n_kv_heads=n_kv_heads)
+    assert fused.qkv_proj is not None and fused.q_proj is None
+    assert torch.equal(fused.qkv_proj.weight, torch.cat(
+        [separate.q_proj.weight, separate.k_proj.weight, separate.v_proj.weight]))
+    x = torch.randn(2, 5, D_MODEL, dtype=torch.float64)
+    mask = padding_mask(torch.tensor([5, 3]), 5)
+    for kwargs in ({}, {"is_causal": True}, {"attention_mask": mask, "is_causal": True}):
+        (a, wa), (b, wb) = (layer(x, need_weights=True, **kwargs) for layer in (separate, fused))
+        assert_close(b, a, atol=1e-13, rtol=0)
+        assert_close(wb, wa, atol=1e-13, rtol=0)
+
+
+def test_fused_projection_with_a_kv_cache_equals_the_full_pass():
+    _, fused = _fused_pair(1)
+    x = torch.randn(2, 6, D_MODEL, dtype=torch.float64)
+    full, _ = fused(x, is_causal=True)
+    cache = KVCache()
+    steps = [fused(x[:, :4], is_causal=True, cache=cache)[0]]
+    steps += [fused(x[:, t:t + 1], is_causal=True, cache=cache)[0] for t in (4, 5)]
+    assert_close(torch.cat(steps, dim=1), full, atol=1e-13, rtol=0)
+
+
+def test_fused_projection_gradients_equal_the_separate_ones():
+    separate, fused = _fused_pair(2)
+    x = torch.randn(2, 5, D_MODEL, dtype=torch.float64)
+    separate(x, is_causal=True)[0].square().sum().backward()
+    fused(x, is_causal=True)[0].square().sum().backward()
+    assert fused.qkv_proj is not None and fused.qkv_proj.weight.grad is not None
+    expected = torch.cat([p.weight.grad for p in (separate.q_proj, separate.k_proj,
+                                                  separate.v_proj)])  # type: ignore[misc]
+    assert_close(fused.qkv_proj.weight.grad, expected, atol=1e-12, rtol=0)
+
+
+def test_a_fused_layer_refuses_another_sequence():
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, fused_qkv=True)
+    x = torch.randn(1, 3, D_MODEL)
+    with pytest.raises(ValueError, match="fused_qkv"):
+        layer(x, x, x)
+    with pytest.raises(TypeError, match="fused_qkv"):
+        MultiHeadAttention(D_MODEL, N_HEADS, fused_qkv="yes")  # type: ignore[arg-type]
+
+
+def test_fused_projection_equals_the_three_to_the_bit_on_integers():
+    """Integer weights and inputs: every product and sum is exact, so nothing may differ."""
+    torch.manual_seed(3)
+    separate = MultiHeadAttention(D_MODEL, N_HEADS).double()
+    with torch.no_grad():
+        for p in separate.parameters():
+            p.copy_(torch.randint(-2, 3, p.shape))
+    fused = MultiHeadAttention(D_MODEL, N_HEADS, fused_qkv=True).double()
+    fused.load_state_dict(separate.state_dict())
+    x = torch.randint(-3, 4, (2, 5, D_MODEL)).double()
+    (a, wa), (b, wb) = (layer(x, is_causal=True, need_weights=True)
+                        for layer in (separate, fused))
+    assert torch.equal(a, b) and torch.equal(wa, wb)

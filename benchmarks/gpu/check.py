@@ -3,7 +3,8 @@
     python benchmarks/gpu/check.py env                   # date, card, versions, CPU
     python benchmarks/gpu/check.py kernel                # Triton kernel against SDPA's backends
     python benchmarks/gpu/check.py calls                 # wall time per small call
-    python benchmarks/gpu/check.py step                  # MiniGPT's training step, eager
+    python benchmarks/gpu/check.py step [true|false]     # the training step against nanoGPT's
+    python benchmarks/gpu/check.py nanogpt-loop TXT N    # nanoGPT's train.py loop, ms/iter
     python benchmarks/gpu/check.py trainer-ms M.json     # ms/iter from a --metrics-out file
     python benchmarks/gpu/check.py nanogpt-data TXT DIR  # nanoGPT's shakespeare_char files
     python benchmarks/gpu/check.py nanogpt-ms LOG        # median ms/iter of nanoGPT's log
@@ -211,6 +212,8 @@ def kernel() -> None:
     print("| shape, path | out | dq | dk | dv |\n|---|---|---|---|---|")
     for name, values in errors.items():
         print(f"| {name} | " + " | ".join(f"{x:.2e}" for x in values) + " |")
+    if not DRY:
+        graph_times()
     tuners = triton_kernels.tuners
     if tuners is not None:
         print("\n**configurations the tuner chose** (key: dtype, length bucket, D_K, D_V, ...)\n")
@@ -219,6 +222,32 @@ def kernel() -> None:
             for key, chosen in getattr(tuners, kind).chosen.items():
                 print(f"| {kind} | {key[:4]} | {chosen['BLOCK_Q']} x {chosen['BLOCK_K']}, "
                       f"{chosen['num_warps']}, {chosen['num_stages']} |")
+
+
+def graph_times() -> None:
+    """The forward at T = 1,024 with the host taken out: each path's call captured in a CUDA
+    graph and replayed (``triton.testing.do_bench_cudagraph``), against the plain timing. A
+    kernel of tens of microseconds is shorter than the host's work per call, so the plain
+    timing measures the host, and varies with it; the replayed one measures the GPU."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    _, b, h, t, d = SHAPES[0]
+    g = torch.Generator(device=DEVICE).manual_seed(t + d)
+    q, k, v = (torch.randn(b, h, t, d, generator=g, device=DEVICE, dtype=torch.bfloat16)
+               for _ in range(3))
+    print(f"\n**forward at T={t} d={d}, ms: plain (host included) and replayed from a CUDA "
+          "graph (GPU only), median of 5 rounds each**\n")
+    print("| path | plain | CUDA graph |\n|---|---|---|")
+    paths = {"SDPA FLASH": _sdpa("FLASH_ATTENTION"), "Triton pair": _triton("pair"),
+             "Triton atomic": _triton("atomic")}
+    for name, fn in paths.items():
+        def call(fn: Callable[..., torch.Tensor] = fn) -> None:
+            with torch.no_grad():
+                fn(q, k, v)
+        call()
+        plain = statistics.median(do_bench(call, warmup=10, rep=60) for _ in range(5))
+        graph = statistics.median(do_bench_cudagraph(call, rep=60) for _ in range(5))
+        print(f"| {name} | {plain:.3f} | {graph:.3f} |")
 
 
 def calls() -> None:
@@ -244,45 +273,78 @@ def calls() -> None:
 
 
 # ---------------------------------------------------------------------------- training
-def step() -> None:
-    """MiniGPT's training step (forward, backward, AdamW) on chapter 11's gpu preset, eager."""
-    from course_attn.core.triton_attention import attention_triton
+def _models(bias: bool) -> dict[str, Callable[[], torch.nn.Module]]:
+    """The baby GPT as MiniGPT (sdpa, triton) and as nanoGPT's model, the same bias setting."""
+    from course_attn.lab.nanogpt import NanoGPT, NanoGPTConfig
     from course_attn.models.gpt import GPTConfig, MiniGPT
 
+    def course(impl: str) -> Callable[[], torch.nn.Module]:
+        return lambda: MiniGPT(GPTConfig(vocab_size=65, context_length=256, n_layers=6,
+                                         n_heads=6, d_model=384, dropout=0.2, bias=bias,
+                                         impl=impl))
+
+    def nano() -> torch.nn.Module:
+        return NanoGPT(NanoGPTConfig(
+            block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384, dropout=0.2,
+            bias=bias))
+
+    return {"course, sdpa": course("sdpa"), "course, triton": course("triton"),
+            "nanoGPT's model": nano}
+
+
+def step(bias: str = "false") -> None:
+    """The training step (forward, backward, clipping, AdamW) on chapter 11's gpu preset,
+    eager, bf16 autocast: MiniGPT against nanoGPT's model with the same biases. Timed as a
+    trainer runs, 30 steps queued back to back, synchronised only at both ends."""
     torch.backends.cuda.matmul.allow_tf32 = True
-    batch, t, steps = (2, 16, 3) if DRY else (64, 256, 35)
+    batch, t, steps, warm = (2, 16, 3, 1) if DRY else (64, 256, 35, 5)
     g = torch.Generator(device=DEVICE).manual_seed(0)
     idx = torch.randint(65, (batch, t + 1), generator=g, device=DEVICE)
-    x, y = idx[:, :-1], idx[:, 1:]  # (B, T) each
-    print("| attention path | model step ms (median of 30, after 5 warm-up steps) |\n|---|---|")
-    for name in ("sdpa", "triton", "triton, backward='atomic'"):
+    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()  # (B, T) each, as batches are
+    print(f"| model, biases {bias} | step ms (mean of {steps - warm}, after {warm} warm-up "
+          "steps) |\n|---|---|")
+    for name, build in _models(bias == "true").items():
         torch.manual_seed(0)
-        config = GPTConfig(vocab_size=65, context_length=256, n_layers=6, n_heads=6,
-                           d_model=384, dropout=0.2, impl=name.split(",")[0])
-        attention_fn = (functools.partial(attention_triton, backward="atomic")
-                        if "atomic" in name else None)
-        model = MiniGPT(config, attention_fn=attention_fn).to(DEVICE)
+        model = build().to(DEVICE)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(
             [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
             lr=1e-3, betas=(0.9, 0.99), fused=not DRY)
-        times = []
+        start = 0.0
         for i in range(steps):
-            start = time.perf_counter()
+            if i == warm:
+                _sync()
+                start = time.perf_counter()
             with torch.autocast(DEVICE, dtype=torch.bfloat16):
                 _, loss = model(x, y)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            _sync()
-            if i >= steps - 30:
-                times.append((time.perf_counter() - start) * 1e3)
-        print(f"| {name} | {statistics.median(times):.2f} |")
+        _sync()
+        print(f"| {name} | {(time.perf_counter() - start) * 1e3 / (steps - warm):.2f} |")
         del model, optimizer
         if not DRY:
             torch.cuda.empty_cache()
+
+
+def nanogpt_loop(text_path: str, iters: str) -> None:
+    """nanoGPT's train.py loop (benchmarks/nanogpt_train.py) on the baby GPT: ms/iter, as
+    a stand-in where no checkout of nanoGPT is given."""
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import nanogpt_train
+
+    sizes = nanogpt_train.BABY_GPT if not DRY else dict(
+        nanogpt_train.CPU_RECIPE, block_size=16, batch_size=2, n_layer=1, eval_iters=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab = nanogpt_train.prepare(Path(text_path).read_text(encoding="utf-8"), Path(tmp))
+        ms, val = nanogpt_train.run(Path(tmp), vocab, sizes, int(iters), device=DEVICE,
+                                    lr_decay_iters=5000, warmup=min(10, int(iters) // 2))
+    print(f"nanoGPT's loop: val {val:.4f} after {iters} iterations")
+    print(f"{ms:.2f}")
 
 
 def trainer_ms(path: str) -> None:
@@ -322,7 +384,7 @@ def nanogpt_ms(log_path: str) -> None:
 if __name__ == "__main__":
     commands: dict[str, Callable[..., None]] = {
         "env": env, "kernel": kernel, "calls": calls, "step": step, "trainer-ms": trainer_ms,
-        "nanogpt-data": nanogpt_data, "nanogpt-ms": nanogpt_ms}
+        "nanogpt-data": nanogpt_data, "nanogpt-ms": nanogpt_ms, "nanogpt-loop": nanogpt_loop}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         sys.exit(f"usage: {sys.argv[0]} {{{','.join(commands)}}} [args]")
     commands[sys.argv[1]](*sys.argv[2:])

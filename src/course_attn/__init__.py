@@ -76,6 +76,7 @@ from .lab.experiments import (
 )
 from .lab.glue import glue
 from .lab.hbm_traffic import HBM_ALGORITHMS, HBMTraffic, flash_block_sizes, hbm_traffic
+from .lab.nanogpt import NanoGPT, NanoGPTConfig
 from .lab.records import GPU_RECORDS, gpu_record
 from .models.encoder_decoder import Decoder, Encoder, EncoderDecoder, EncoderDecoderConfig
 from .models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
@@ -96,6 +97,8 @@ __all__ = [
     "GPU_RECORDS",
     "HBM_ALGORITHMS",
     "HBMTraffic",
+    "NanoGPT",
+    "NanoGPTConfig",
     "flash_block_sizes",
     "hbm_traffic",
     "glue",

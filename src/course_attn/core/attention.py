@@ -79,9 +79,12 @@ def attention_manual(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     d_v), attn_weights (..., T_q, T_k))``, the weights that multiplied ``v`` (after
     dropout).
     """
+    # Plain causal attention (no other mask, T_q <= T_k) has no empty row and no key that no
+    # query sees: the empty-row and pad machinery below is skipped, nothing else changes.
+    guarded = mask is not None or (is_causal and q.shape[-2] > k.shape[-2])
     if is_causal:
         mask = with_causal(mask, q.shape[-2], k.shape[-2], q.device)  # (..., T_q, T_k)
-    if mask is not None:
+    if guarded and mask is not None:
         k, v = zero_unreachable_keys(k, v, mask)  # garbage in a pad never reaches a token
 
     # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)
@@ -90,6 +93,7 @@ def attention_manual(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
         attn_scores = attn_scores + bias.to(attn_scores.dtype)  # ALiBi, say (chapter 10)
     if mask is not None:
         attn_scores = attn_scores.masked_fill(~mask, float("-inf"))
+    if guarded and mask is not None:
         # A row with no allowed key would be softmax(all -inf) = NaN. Give it finite
         # scores here and zero its weights below, so forward and backward stay finite.
         has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
@@ -98,7 +102,7 @@ def attention_manual(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     attn_weights = torch.softmax(attn_scores, dim=-1, dtype=torch.float32
                                  if q.dtype in (torch.float16, torch.bfloat16) else q.dtype)
     attn_weights = attn_weights.to(q.dtype)  # (..., T_q, T_k)
-    if mask is not None:
+    if guarded and mask is not None:
         attn_weights = attn_weights.masked_fill(~mask, 0.0)
     if dropout_p > 0.0:
         attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)

@@ -57,9 +57,13 @@ def check_multi_head_call(layer: Any, query: object, key: object, value: object,
 
     The masks and the bias must be on the queries' device (``inputs`` names them in the
     messages: ``"x"`` for a block's call)."""
-    dtype = layer.q_proj.weight.dtype
+    dtype = layer.out_proj.weight.dtype
     query = check_sequence(query, inputs, width=layer.d_model, dtype=dtype)
-    check_on_device(query, inputs, layer.q_proj.weight.device, "the layer")
+    check_on_device(query, inputs, layer.out_proj.weight.device, "the layer")
+    if layer.qkv_proj is not None and (key is not None or value is not None):
+        raise ValueError("this layer projects q, k and v in one matmul (fused_qkv=True), from "
+                         "the queries' own sequence: pass key=value=None, or build it with "
+                         "fused_qkv=False for cross-attention")
     if (key is None) != (value is None):
         raise ValueError("pass both key and value (cross-attention) or neither "
                          "(self-attention)")

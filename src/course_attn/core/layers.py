@@ -90,6 +90,10 @@ class MultiHeadAttention(nn.Module):
     own subspace; their outputs are concatenated and mixed by ``out_proj``.
     Weights are laid out like ``nn.MultiheadAttention`` (``in_proj_weight`` is
     ``cat([q_proj.weight, k_proj.weight, v_proj.weight])``), so they can be copied.
+    ``fused_qkv=True`` keeps exactly that concatenation as one layer, ``qkv_proj``
+    (nanoGPT's ``c_attn``): one matrix multiply instead of three, for self-attention only
+    (``key`` and ``value`` then come from the queries' own sequence). It computes what the
+    three separate projections compute (Chapter 6), and loads their weights.
 
     ``n_kv_heads`` (default ``n_heads``) makes it grouped-query attention (Chapter 10):
     ``k_proj`` and ``v_proj`` produce only ``n_kv_heads`` heads, which the cache stores,
@@ -103,7 +107,7 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, *, bias: bool = True, dropout: float = 0.0,
                  impl: str = "manual", n_kv_heads: int | None = None,
-                 attention_fn: AttentionFunction | None = None) -> None:
+                 attention_fn: AttentionFunction | None = None, fused_qkv: bool = False) -> None:
         super().__init__()
         self.head_dim = check_head_split(d_model, n_heads)
         self.d_model, self.n_heads = d_model, n_heads
@@ -114,10 +118,18 @@ class MultiHeadAttention(nn.Module):
         check_impl_head_dim(self.impl, self.head_dim, MAX_TRITON_HEAD_SIZE)
         self.attention_fn = check_attention_function(attention_fn)
         check_bool(bias, "bias")
-        kv_width = self.n_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
-        self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
+        self.kv_width = kv_width = self.n_kv_heads * self.head_dim
+        self.qkv_proj: nn.Linear | None = None
+        self.q_proj: nn.Linear | None = None
+        self.k_proj: nn.Linear | None = None
+        self.v_proj: nn.Linear | None = None
+        if check_bool(fused_qkv, "fused_qkv"):  # self-attention only: one matmul, nanoGPT's c_attn
+            self.qkv_proj = nn.Linear(d_model, d_model + 2 * kv_width, bias=bias)
+            self.register_load_state_dict_pre_hook(_fuse_qkv_state)
+        else:
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
+            self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(
@@ -161,15 +173,23 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         (batch, t_q, _), t_k, hd = query.shape, key.shape[1], self.head_dim
-        q = self.q_proj(query).view(batch, t_q, self.n_heads, hd).transpose(1, 2)  # (B, H, T_q, hd)
+        cached = isinstance(cache, CrossKVCache) and cache.k is not None and cache.v is not None
+        if self.qkv_proj is not None:  # self-attention: q, k and v from one matmul
+            # (B, T, D + 2 kv_width) -> (B, T, D), (B, T, kv_width), (B, T, kv_width)
+            q, k, v = self.qkv_proj(query).split((self.d_model, self.kv_width, self.kv_width), -1)
+        else:
+            assert self.q_proj is not None and self.k_proj is not None and self.v_proj is not None
+            q = self.q_proj(query)  # (B, T_q, D)
+            if not cached:  # the memory's keys and values are projected at step one only
+                k, v = self.k_proj(key), self.v_proj(value)  # (B, T_k, kv_width) each
+        q = q.view(batch, t_q, self.n_heads, hd).transpose(1, 2)  # (B, H, T_q, hd)
         if rotate is not None:  # RoPE: a query is turned by its position
             q = rotate(q)
-        if isinstance(cache, CrossKVCache) and cache.k is not None and cache.v is not None:
-            k, v = cache.k, cache.v  # (B, H_kv, T_k, hd): the memory's, projected at step one
+        if cached:
+            k, v = cache.k, cache.v  # type: ignore[union-attr]  # (B, H_kv, T_k, hd)
         else:
-            k = self.k_proj(key).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
-            v = self.v_proj(value).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
-            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, H_kv, T_k, hd)
+            k = k.view(batch, t_k, self.n_kv_heads, hd).transpose(1, 2)  # (B, H_kv, T_k, hd)
+            v = v.view(batch, t_k, self.n_kv_heads, hd).transpose(1, 2)  # (B, H_kv, T_k, hd)
             if rotate is not None:  # RoPE: a key is turned by its own position, once, then cached
                 k = rotate(k)
             if cache is not None:  # a KVCache appends them; a CrossKVCache keeps the memory's
@@ -182,6 +202,15 @@ class MultiHeadAttention(nn.Module):
                               dropout_p=self.dropout if self.training else 0.0)  # (B, H, T_q, hd)
         out = out.transpose(1, 2).reshape(batch, t_q, self.d_model)  # (B, T_q, H * hd)
         return self.out_proj(out), weights if need_weights else None
+
+
+def _fuse_qkv_state(module: nn.Module, state_dict: dict, prefix: str, *_: object) -> None:
+    """Load separate ``q_proj``, ``k_proj``, ``v_proj`` weights (older checkpoints) into a
+    fused layer's ``qkv_proj``: their rows, concatenated in that order, are its rows."""
+    for kind in ("weight", "bias"):
+        names = [f"{prefix}{proj}.{kind}" for proj in ("q_proj", "k_proj", "v_proj")]
+        if all(name in state_dict for name in names):
+            state_dict[f"{prefix}qkv_proj.{kind}"] = torch.cat([state_dict.pop(n) for n in names])
 
 
 #: The feed-forward networks of :class:`FeedForward`: GELU (GPT-2), ReLU (the 2017 paper),
@@ -289,8 +318,11 @@ class TransformerBlock(nn.Module):
     cross-attention sublayer with ``norm3`` sits between the two.
     Dropout is applied to each sublayer's output before the residual addition.
     ``n_kv_heads``, ``impl`` and ``attention_fn`` go to the attention layers
-    (see :class:`MultiHeadAttention`); ``norm`` is one of ``NORMS`` and ``activation`` one
-    of ``ACTIVATIONS`` (RMSNorm and SwiGLU make the block of a 2026 decoder).
+    (see :class:`MultiHeadAttention`), ``fused_qkv`` to the self-attention only; ``norm`` is
+    one of ``NORMS`` and ``activation`` one of ``ACTIVATIONS`` (RMSNorm and SwiGLU make the
+    block of a 2026 decoder). ``ff_dropout`` is the dropout inside the feed-forward network
+    (``None``: ``dropout``, as PyTorch's ``nn.TransformerEncoderLayer``; ``0.0``: none, as
+    GPT-2).
     """
 
     check_inputs = True  # see MultiHeadAttention
@@ -299,21 +331,26 @@ class TransformerBlock(nn.Module):
                  dropout: float = 0.0, norm_first: bool = True, cross_attention: bool = False,
                  activation: str = "gelu", bias: bool = True, layer_norm_eps: float = 1e-5,
                  impl: str = "manual", n_kv_heads: int | None = None,
-                 attention_fn: AttentionFunction | None = None, norm: str = "layer") -> None:
+                 attention_fn: AttentionFunction | None = None, norm: str = "layer",
+                 fused_qkv: bool = False, ff_dropout: float | None = None) -> None:
         super().__init__()
         for name, flag in (("norm_first", norm_first), ("cross_attention", cross_attention),
-                           ("bias", bias)):
+                           ("bias", bias), ("fused_qkv", fused_qkv)):
             check_bool(flag, name)
         check_positive_real(layer_norm_eps, "layer_norm_eps")
         self.norm_first = norm_first
 
-        def attention() -> MultiHeadAttention:
+        def attention(fused: bool) -> MultiHeadAttention:
             return MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout, impl=impl,
-                                      n_kv_heads=n_kv_heads, attention_fn=attention_fn)
+                                      n_kv_heads=n_kv_heads, attention_fn=attention_fn,
+                                      fused_qkv=fused)
 
-        self.self_attn = attention()
-        self.cross_attn = attention() if cross_attention else None
-        self.ff = FeedForward(d_model, d_ff, dropout=dropout, bias=bias, activation=activation)
+        self.self_attn = attention(fused_qkv)  # q, k, v of one sequence: one matmul if fused
+        self.cross_attn = attention(False) if cross_attention else None
+        # PyTorch's encoder layer also drops inside the feed-forward network; GPT-2 and nanoGPT
+        # do not (ff_dropout=0.0): only each sublayer's output is dropped.
+        self.ff = FeedForward(d_model, d_ff, dropout=dropout if ff_dropout is None
+                              else ff_dropout, bias=bias, activation=activation)
         self.norm1 = make_norm(norm, d_model, eps=layer_norm_eps, bias=bias)
         self.norm2 = make_norm(norm, d_model, eps=layer_norm_eps, bias=bias)
         self.norm3 = (make_norm(norm, d_model, eps=layer_norm_eps, bias=bias)

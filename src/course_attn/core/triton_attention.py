@@ -121,14 +121,14 @@ def check_kernel_dtype(dtype: torch.dtype, device: torch.device,
 
 def _require_a_kernel(q: Tensor) -> None:
     """Raise unless a kernel can run on ``q``'s device and dtype (no checks on meta)."""
-    device = q.device
     if not TRITON_FOUND:
         raise ModuleNotFoundError(_NO_TRITON)
-    if device.type == "cuda":
-        check_kernel_dtype(q.dtype, device)
-    elif device.type != "cpu":
+    if q.is_cuda:  # (is_cuda, not device.type: no device object is made on every call)
+        if q.dtype == torch.float64:
+            check_kernel_dtype(q.dtype, q.device)
+    elif not q.is_cpu:
         raise ValueError(f"impl='triton' runs on CUDA tensors (or CPU ones under Triton's "
-                         f"interpreter), got tensors on {device}")
+                         f"interpreter), got tensors on {q.device}")
     elif os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise RuntimeError(_NO_INTERPRETER)
 
@@ -136,7 +136,7 @@ def _require_a_kernel(q: Tensor) -> None:
 def _traced(q: Tensor) -> bool:
     """Whether this call is traced (meta tensors, ``torch.compile``) rather than run: then the
     kernels go through their registered operators, which know their output shapes."""
-    return q.device.type == "meta" or torch.compiler.is_compiling()
+    return q.is_meta or torch.compiler.is_compiling()
 
 
 def _forward_run(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
@@ -275,9 +275,14 @@ def attention_triton(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     if block_q is None or block_k is None:
         default_q, default_k = default_triton_blocks(max(q.shape[-1], v.shape[-1]), q.dtype)
         block_q, block_k = block_q or default_q, block_k or default_k
-    out = _FlashAttention.apply(q, k, v, mask, bias, seed, is_causal, float(scale),
-                                float(dropout_p), block_q, block_k, tune,
-                                backward == "atomic")  # (B, H, T_q, d_v)
+    config = (is_causal, float(scale), float(dropout_p), block_q, block_k, tune)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        out = _FlashAttention.apply(q, k, v, mask, bias, seed, *config,
+                                    backward == "atomic")  # (B, H, T_q, d_v)
+    else:  # no gradient wanted: the kernel alone, without autograd's bookkeeping
+        out = (_forward_op if _traced(q) else _forward_run)(q, k, v, mask, bias, seed,
+                                                           *config)[0]  # (B, H, T_q, d_v)
     if len(batch) != 2:
         out = out.reshape(*batch, t_q, v.shape[-1])  # (..., T_q, d_v)
     return (out if out.dtype == dtype else out.to(dtype)), None

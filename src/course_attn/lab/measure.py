@@ -32,6 +32,7 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
@@ -45,6 +46,7 @@ __all__ = [
     "SDPA_MISSING",
     "count_ops",
     "median_seconds",
+    "operator_counts",
     "peak_memory_bytes",
     "saved_tensor_bytes",
     "sdpa_backend",
@@ -193,6 +195,27 @@ def saved_tensor_bytes(fn: Callable[[], object]) -> int:
     return sum(storages.values())
 
 
+def operator_counts(fn: Callable[[], object]) -> Counter[str]:
+    """How many times ``fn()`` runs each PyTorch operator (ATen calls, below autograd), by
+    name (``"mm"``, ``"masked_fill"``, ...): forward, backward and optimizer alike when ``fn``
+    runs them. On the ``meta`` device nothing is computed and the counts are the same
+    (Chapters 9 and 11)."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: Counter[str] = Counter()
+
+    class _Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            counts[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Counter():
+        fn()
+    return counts
+
+
 def count_ops(fn: Callable[[], object]) -> int:
     """How many PyTorch operators (ATen calls, below autograd) ``fn()`` runs.
 
@@ -200,20 +223,7 @@ def count_ops(fn: Callable[[], object]) -> int:
     per block. On a GPU each is a kernel launch with its own pass over memory; on a
     CPU each costs microseconds of Python and dispatcher overhead (Chapter 9).
     """
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Counter(TorchDispatchMode):
-        calls = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            _Counter.calls += 1
-            return func(*args, **(kwargs or {}))
-
-    with _Counter():
-        fn()
-    return _Counter.calls
+    return sum(operator_counts(fn).values())
 
 
 def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> str:

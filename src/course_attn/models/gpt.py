@@ -181,7 +181,8 @@ class MiniGPT(nn.Module):
         self.blocks = TransformerBlocks(
             TransformerBlock(c.d_model, c.n_heads, dropout=c.dropout, norm_first=True,
                              bias=c.bias, impl=c.impl, n_kv_heads=c.n_kv_heads,
-                             attention_fn=attention_fn, norm=c.norm, activation=c.activation)
+                             attention_fn=attention_fn, norm=c.norm, activation=c.activation,
+                             fused_qkv=True, ff_dropout=0.0)  # GPT-2's layer, nanoGPT's c_attn
             for _ in range(c.n_layers))
         self.norm = make_norm(c.norm, c.d_model, bias=c.bias)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)

@@ -100,7 +100,8 @@ VARIANTS: dict[str, str] = {
     "norm": "the blocks' norm: {choices} (default {default})",
     "activation": "the feed-forward network: {choices} (default {default})",
     "init_std": "standard deviation of the initial weights (default {default})",
-    "bias": "biases in the linear layers and norms (default {default})",
+    "bias": "biases in the linear layers and norms (default: none, as nanoGPT's presets; "
+            "GPTConfig's own default is {default})",
     "tie_weights": "share the token embedding with the output head (default {default})",
 }
 CHOICES: dict[str, tuple[str, ...]] = {"pos_encoding": POS_ENCODINGS, "norm": NORMS,
