@@ -18,12 +18,14 @@ import warnings
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch.nn.attention.flex_attention import and_masks
 from torch.testing import assert_close
 
 from course_attn.core import flex_attention as flex
 from course_attn.core.attention import attention
 from course_attn.core.masks import causal_mask, document_mask, padding_mask
 from course_attn.modern.alibi import alibi_bias, alibi_slopes
+from course_attn.modern.mask_mods import causal_mask_mod, document_mask_mod
 from course_attn.modern.sliding_window import sliding_window_mask
 
 B, H, T, D = 2, 2, 12, 8
@@ -77,6 +79,28 @@ def test_the_compiled_kernel_equals_the_manual_path_in_outputs_and_gradients(cas
         assert (results[1][0][:, :, 3] == 0).all() and (results[1][1][:, :, 3] == 0).all()
     assert getattr(flex.flex_kernel("cpu"), "_torchdynamo_orig_callable", None) is \
         flex.flex_attention  # the compiled kernel ran, not the uncompiled path
+
+
+@compiled
+def test_hand_written_mods_compile_and_differentiate_like_the_manual_path():
+    """The decoder's mask on packed rows, as code: and_masks(causal, document), compiled.
+    (course_attn.modern.mask_mods is tested on its own in tests/test_mask_mods.py.)"""
+    g = torch.Generator().manual_seed(1)
+    doc_ids = _doc_ids()
+    q0, k0, v0 = (torch.randn(2, 2, 12, 8, generator=g) for _ in range(3))
+    mod = and_masks(causal_mask_mod(), document_mask_mod(doc_ids))
+    results = []
+    for run in (lambda q, k, v: flex.flex_attend(q, k, v, mask_mod=mod),
+                lambda q, k, v: attention(q, k, v, document_mask(doc_ids)[:, None],
+                                          is_causal=True)[0]):  # the manual path
+        q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
+        out = run(q, k, v)
+        out.pow(2).sum().backward()
+        results.append((out, q.grad, k.grad, v.grad))
+    for got, manual in zip(*results, strict=True):
+        assert_close(got, manual, atol=2e-5, rtol=1e-4)
+    assert getattr(flex.flex_kernel("cpu"), "_torchdynamo_orig_callable", None) is \
+        flex.flex_attention
 
 
 def test_gradcheck_in_float64_with_a_mask_and_a_bias(monkeypatch):

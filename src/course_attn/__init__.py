@@ -10,6 +10,13 @@ from .core.attention import (
     attention,
     scaled_dot_product_attention,
 )
+from .core.flex_attention import (
+    FlexFallbackWarning,
+    causal_mask_mod,
+    flex_attend,
+    tensor_mask_mod,
+    tensor_score_mod,
+)
 from .core.kv_cache import Cache, CrossKVCache, KVCache, new_caches
 from .core.layers import (
     FeedForward,
@@ -23,6 +30,8 @@ from .core.layers import (
 from .core.masks import (
     causal_mask,
     combine_masks,
+    document_mask,
+    document_positions,
     padding_mask,
     positions_from_attention_mask,
     to_additive_mask,
@@ -52,7 +61,10 @@ from .data.tasks import CopyTask, RecallTask
 from .data.text import (
     CharCorpus,
     CharTokenizer,
+    PackedBatch,
+    PackedCorpus,
     default_corpus,
+    document_ids,
     download_tiny_shakespeare,
     load_text,
     train_val_split,
@@ -79,6 +91,14 @@ from .modern.linear_attention import (
     elu_feature_map,
     linear_attention,
     linear_attention_recurrent,
+)
+from .modern.mask_mods import (
+    BlockTiles,
+    alibi_score_mod,
+    block_mask_tiles,
+    document_mask_mod,
+    padding_mask_mod,
+    sliding_window_mask_mod,
 )
 from .modern.rope import apply_rope, apply_rotary, rope_cos_sin, rope_rotation, sinusoid_angles
 from .modern.sliding_window import RollingKVCache, sliding_window_attention, sliding_window_mask
@@ -187,6 +207,23 @@ __all__ = [
     "tiled_attention",
     # issue 27, the FlashAttention-2 kernel in Triton
     "triton_attention",
+    # issue 43, masks as code (FlexAttention) and packed documents
+    "BlockTiles",
+    "FlexFallbackWarning",
+    "PackedBatch",
+    "PackedCorpus",
+    "alibi_score_mod",
+    "block_mask_tiles",
+    "causal_mask_mod",
+    "document_ids",
+    "document_mask",
+    "document_mask_mod",
+    "document_positions",
+    "flex_attend",
+    "padding_mask_mod",
+    "sliding_window_mask_mod",
+    "tensor_mask_mod",
+    "tensor_score_mod",
 ]
 
 

@@ -216,6 +216,14 @@ def causal_mask_mod(offset: int | Tensor = 0) -> MaskMod:
     last positions). A 0-d integer tensor ``offset`` is read by the kernel, so a new value
     does not compile a new kernel; an int is baked into it.
     """
+    if isinstance(offset, Tensor):
+        if offset.dim() != 0 or offset.is_floating_point() or offset.dtype == torch.bool:
+            raise TypeError(f"offset must be an int or a 0-d integer tensor, got a "
+                            f"{offset.dtype} tensor of shape {tuple(offset.shape)}")
+    elif isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"offset must be an int or a 0-d integer tensor, got "
+                        f"{type(offset).__name__} {offset!r}")
+
     def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return kv_idx <= q_idx + offset
 
@@ -236,6 +244,10 @@ def tensor_mask_mod(mask: Tensor) -> MaskMod:
     What ``attention(mask=...)`` becomes on the flex path; a mask written as code
     (:func:`causal_mask_mod`, ``course_attn.modern.mask_mods``) needs no tensor at all.
     """
+    check_tensor(mask, "mask", ndim=4, floating=False)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must have dtype torch.bool (True = may attend), got {mask.dtype}")
+
     def allowed(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return _clamped(mask, b, h, q_idx, kv_idx)
 
@@ -248,6 +260,8 @@ def tensor_score_mod(bias: Tensor) -> ScoreMod:
     What ``attention(bias=...)`` becomes on the flex path (ALiBi's ``-slope * distance`` as a
     tensor; ``course_attn.modern.mask_mods.alibi_score_mod`` computes it instead).
     """
+    check_tensor(bias, "bias", ndim=4)
+
     def add_bias(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return score + _clamped(bias, b, h, q_idx, kv_idx).to(score.dtype)
 
