@@ -49,6 +49,7 @@ from course_attn import (
     document_mask,
     document_positions,
     flex_attend,
+    masked_attention_seconds,
     merge_heads,
     merge_softmax_states,
     new_caches,
@@ -425,6 +426,9 @@ case("decode_step_seconds", "seed", ValueError,
      lambda: decode_step_seconds(ED, 2, use_cache=True, seed=-1))
 case("decode_step_seconds", "cross_cache", TypeError,
      lambda: decode_step_seconds(ED, 2, use_cache=True, cross_cache=None))
+case("masked_attention_seconds", "t", TypeError, lambda: masked_attention_seconds(64.0))
+case("masked_attention_seconds", "mask", ValueError,
+     lambda: masked_attention_seconds(64, "prefix"))
 case("cross_cache_step_ms", "model", TypeError, lambda: cross_cache_step_ms(GPT, [4]))
 case("cross_cache_step_ms", "src_lengths", TypeError, lambda: cross_cache_step_ms(ED, 16))
 case("cross_cache_step_ms", "src_lengths", ValueError, lambda: cross_cache_step_ms(ED, [0]))

@@ -9,13 +9,15 @@ from torch.testing import assert_close
 
 from course_attn.core import flex_attention as flex
 from course_attn.core.attention import attention
+from course_attn.core.flex_attention import causal_mask_mod
 from course_attn.core.masks import causal_mask, document_mask, padding_mask
+from course_attn.core.tiled import block_grid
 from course_attn.modern.alibi import alibi_bias, alibi_slopes
 from course_attn.modern.mask_mods import (
     BlockTiles,
     alibi_score_mod,
+    block_mask_grid,
     block_mask_tiles,
-    causal_mask_mod,
     document_mask_mod,
     padding_mask_mod,
     sliding_window_mask_mod,
@@ -84,6 +86,17 @@ def test_block_mask_tiles_count_what_a_dense_mask_shows_at_t_1024(name):
     assert (tiles.skipped, tiles.partial, tiles.full) == _tiles_by_hand(dense(mod, t, t)[0], 128)
     if name == "causal":
         assert (tiles.skipped, tiles.partial, tiles.full) == (28, 8, 28)
+
+
+def test_the_grid_of_a_causal_block_mask_is_chapter_9s_block_grid():
+    causal = create_block_mask(causal_mask_mod(), 1, 1, 1024, 1024, device="cpu")
+    assert torch.equal(block_mask_grid(causal), block_grid(1024, 1024, 128, 128, is_causal=True))
+    # T = 1000: FlexAttention pads the last tile row to 128 queries and masks the padding, so
+    # that row's tiles are partial, where chapter 9's kernel (ragged tiles) computes them full
+    ragged = block_mask_grid(create_block_mask(causal_mask_mod(), 1, 1, 1000, 1000, "cpu"))
+    expected = block_grid(1000, 1000, 128, 128, is_causal=True)
+    assert torch.equal(ragged[:-1], expected[:-1])
+    assert ragged[-1].tolist() == [1] * 8 and expected[-1].tolist() == [2] * 7 + [1]
 
 
 def test_bad_arguments_name_themselves():

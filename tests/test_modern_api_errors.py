@@ -105,6 +105,8 @@ CASES = {
                           "doc_ids"),
     "alibi_score_mod": (lambda: mask_mods.alibi_score_mod([0.5]), "slopes",
                         lambda: mask_mods.alibi_score_mod(SLOPES, offset=-2), "offset"),
+    "block_mask_grid": (lambda: mask_mods.block_mask_grid(SLOPES), "block_mask",
+                        lambda: mask_mods.block_mask_grid(BLOCK_MASK, head=1), "head"),
     "block_mask_tiles": (lambda: mask_mods.block_mask_tiles(SLOPES), "block_mask",
                          lambda: mask_mods.block_mask_tiles(BLOCK_MASK, batch=2), "batch"),
     "linear_attention_recurrent": (

@@ -14,7 +14,7 @@ import torch
 from torch.testing import assert_close
 
 from course_attn.core.attention import ATTENTION_IMPLS, attention
-from course_attn.core.masks import document_mask, document_positions
+from course_attn.core.masks import causal_mask, document_mask, document_positions
 from course_attn.data.text import CharCorpus, PackedBatch, PackedCorpus, document_ids
 from course_attn.models.gpt import GPTConfig, MiniGPT
 from course_attn.train import TrainConfig, estimate_loss, main, train
@@ -177,3 +177,36 @@ def test_cli_refuses_a_bad_separator(args, message, speeches, capsys):
     import re
 
     assert re.search(message, capsys.readouterr().err)
+
+
+# ------------------------------------------------------- what a model attends to (lab)
+def test_cross_document_attention_is_the_weight_on_other_documents():
+    from course_attn.lab.analysis import cross_document_attention
+
+    weights = causal_mask(4).double()
+    weights = (weights / weights.sum(-1, keepdim=True))[None, None]  # (B, H, T, T): uniform
+    shares = cross_document_attention(weights, torch.tensor([[0, 0, 1, 1]]))
+    # queries 2 and 3 (document 1) put 2/3 and 2/4 of their weight on document 0
+    assert_close(shares, torch.tensor([(2 / 3 + 2 / 4) / 2], dtype=torch.float64))
+
+
+def test_a_model_with_the_document_mask_attends_nowhere_else_and_one_without_does():
+    from course_attn.lab.analysis import attention_maps, cross_document_attention
+
+    model = _model("learned", "manual")
+    idx = torch.randint(11, (1, 12), generator=torch.Generator().manual_seed(3))
+    masked = attention_maps(model, idx, doc_ids=DOC_IDS[None])  # (L, B, H, T, T)
+    crossing = attention_maps(model, idx)
+    assert masked.shape == crossing.shape == (2, 1, 2, 12, 12)
+    assert (cross_document_attention(masked, DOC_IDS[None]) == 0).all()
+    assert (cross_document_attention(crossing, DOC_IDS[None]) > 0.1).all()  # (L, H)
+
+
+def test_masked_attention_seconds_times_the_three_paths():
+    from course_attn.lab.experiments import TIMED_MASKS, masked_attention_seconds
+
+    for mask in TIMED_MASKS:
+        seconds = masked_attention_seconds(48, mask, heads=2, head_dim=8, window=16,
+                                           document=20, repeats=1)
+        assert set(seconds) == {"flex first call", "flex", "sdpa", "manual"}
+        assert all(value > 0 for value in seconds.values())

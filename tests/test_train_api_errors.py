@@ -164,6 +164,10 @@ CASES: dict[str, Case] = {
             EncoderDecoder(EncoderDecoderConfig(src_vocab_size=6, tgt_vocab_size=6, d_model=8,
                                                 n_heads=2, n_layers=1)),
             TASK_IDS, TASK_IDS + 6), "tgt"),
+    "cross_document_attention": (
+        lambda p: analysis.cross_document_attention(WEIGHTS[None, None], [[0] * 6]), "doc_ids",
+        lambda p: analysis.cross_document_attention(WEIGHTS[None, None], IDS[None, :5]),
+        "doc_ids"),
     "induction_attention_score": (
         lambda p: analysis.induction_attention_score(WEIGHTS[None], [[0, 1]]), "tokens",
         lambda p: analysis.induction_attention_score(WEIGHTS[None], torch.arange(6)), "tokens"),

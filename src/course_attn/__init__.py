@@ -73,10 +73,17 @@ from .env import environment_report, pick_device, seed_everything
 from .lab.analysis import (
     attention_maps,
     cross_attention_maps,
+    cross_document_attention,
     induction_attention_score,
     offset_attention_score,
 )
-from .lab.experiments import block_gradient_norms, cross_cache_step_ms, decode_step_seconds
+from .lab.experiments import (
+    TIMED_MASKS,
+    block_gradient_norms,
+    cross_cache_step_ms,
+    decode_step_seconds,
+    masked_attention_seconds,
+)
 from .lab.glue import glue
 from .lab.hbm_traffic import HBM_ALGORITHMS, HBMTraffic, flash_block_sizes, hbm_traffic
 from .lab.records import GPU_RECORDS, gpu_record
@@ -95,6 +102,7 @@ from .modern.linear_attention import (
 from .modern.mask_mods import (
     BlockTiles,
     alibi_score_mod,
+    block_mask_grid,
     block_mask_tiles,
     document_mask_mod,
     padding_mask_mod,
@@ -210,9 +218,13 @@ __all__ = [
     # issue 43, masks as code (FlexAttention) and packed documents
     "BlockTiles",
     "FlexFallbackWarning",
+    "TIMED_MASKS",
+    "cross_document_attention",
+    "masked_attention_seconds",
     "PackedBatch",
     "PackedCorpus",
     "alibi_score_mod",
+    "block_mask_grid",
     "block_mask_tiles",
     "causal_mask_mod",
     "document_ids",

@@ -5,8 +5,9 @@ Each mask of chapters 5, 10 and 11 as a ``mask_mod(b, h, q_idx, kv_idx) -> bool`
 itself, evaluated by the kernel where it needs it, instead of a ``(T_q, T_k)`` tensor read
 from memory. Combine them with PyTorch's ``and_masks`` / ``or_masks``; give them to
 ``course_attn.core.flex_attention.flex_attend`` or to ``create_block_mask``.
-:func:`block_mask_tiles` counts the tiles a ``BlockMask`` skips, as chapter 9's kernel
-skips the key blocks in a query block's future.
+:func:`block_mask_grid` lays out the tiles a ``BlockMask`` skips as chapter 9's
+``block_grid`` does (its kernel skips the key blocks in a query block's future), and
+:func:`block_mask_tiles` counts them.
 
 The mods that read a tensor (padding, documents) clamp their indices to it: a kernel may
 evaluate a mod on the padded end of a last, partial tile.
@@ -31,6 +32,7 @@ from ..core.flex_attention import MaskMod, ScoreMod
 __all__ = [
     "BlockTiles",
     "alibi_score_mod",
+    "block_mask_grid",
     "block_mask_tiles",
     "document_mask_mod",
     "padding_mask_mod",
@@ -120,23 +122,37 @@ class BlockTiles(NamedTuple):
         return self.skipped + self.partial + self.full
 
 
+def block_mask_grid(block_mask: BlockMask, *, batch: int = 0, head: int = 0) -> Tensor:
+    """The tiles of ``block_mask`` for one (batch, head), as chapter 9's ``block_grid``
+    draws them (Chapter 10): ``(query tiles, key tiles)`` long, 0 = skipped, 1 = partial
+    (computed, the mask_mod evaluated per score), 2 = full (computed, no mask_mod). Draw it
+    with ``viz.plot_blocks(grid, block_q=..., block_k=...)``.
+    """
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask must be a BlockMask (create_block_mask), got "
+                        f"{type(block_mask).__name__}")
+    n_b, n_h, rows = block_mask.kv_num_blocks.shape
+    check_nonnegative_int(batch, "batch", upper=n_b - 1)
+    check_nonnegative_int(head, "head", upper=n_h - 1)
+    columns = -(-block_mask.seq_lengths[1] // block_mask.BLOCK_SIZE[1])  # key tiles
+    grid = torch.zeros(rows, columns, dtype=torch.long)  # (query tiles, key tiles)
+    kinds = [(1, block_mask.kv_num_blocks, block_mask.kv_indices),
+             (2, block_mask.full_kv_num_blocks, block_mask.full_kv_indices)]
+    for kind, counts, indices in kinds:
+        if counts is None or indices is None:
+            continue  # a BlockMask made without separate full tiles
+        for row in range(rows):  # the first counts[row] indices are this row's tiles
+            grid[row, indices[batch, head, row, :int(counts[batch, head, row])].cpu()] = kind
+    return grid
+
+
 def block_mask_tiles(block_mask: BlockMask, *, batch: int = 0, head: int = 0) -> BlockTiles:
     """The skipped, partial and full tiles of ``block_mask`` for one (batch, head) (Ch. 10).
 
     At ``T = 1024`` with 128 x 128 tiles (64 in all), a causal mask skips the 28 tiles
     above the diagonal, computes the 8 on it with the mask_mod and the 28 below it without.
     """
-    if not isinstance(block_mask, BlockMask):
-        raise TypeError(f"block_mask must be a BlockMask (create_block_mask), got "
-                        f"{type(block_mask).__name__}")
-    n_b, n_h = block_mask.kv_num_blocks.shape[:2]
-    for name, value, size in (("batch", batch, n_b), ("head", head, n_h)):
-        check_nonnegative_int(value, name, upper=size - 1)
-    b, h = batch, head
-    rows = block_mask.kv_num_blocks.shape[-1]  # query tiles
-    columns = -(-block_mask.seq_lengths[1] // block_mask.BLOCK_SIZE[1])  # key tiles
-    partial = int(block_mask.kv_num_blocks[b, h].sum())
-    full = 0 if block_mask.full_kv_num_blocks is None else int(
-        block_mask.full_kv_num_blocks[b, h].sum())
+    grid = block_mask_grid(block_mask, batch=batch, head=head)  # checks the arguments
     block_q, block_k = block_mask.BLOCK_SIZE
-    return BlockTiles(rows * columns - partial - full, partial, full, (block_q, block_k))
+    skipped, partial, full = (int((grid == kind).sum()) for kind in (0, 1, 2))
+    return BlockTiles(skipped, partial, full, (block_q, block_k))
