@@ -23,9 +23,10 @@ from torch.testing import assert_close
 
 from course_attn.core import flex_attention as flex
 from course_attn.core.attention import attention
+from course_attn.core.flex_attention import causal_mask_mod
 from course_attn.core.masks import causal_mask, document_mask, padding_mask
 from course_attn.modern.alibi import alibi_bias, alibi_slopes
-from course_attn.modern.mask_mods import causal_mask_mod, document_mask_mod
+from course_attn.modern.mask_mods import document_mask_mod
 from course_attn.modern.sliding_window import sliding_window_mask
 
 B, H, T, D = 2, 2, 12, 8
