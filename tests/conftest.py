@@ -26,6 +26,11 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 #: every feature the kernel has (bias or rotation, grouped heads, a window mask), and greedy
 #: decoding (dozens of calls per token) only where the kernel is compiled.
 TRITON_VARIANTS = {"rope+gqa+window", "alibi+gqa+window"}
+#: Uncompiled, FlexAttention evaluates its mods through four nested vmaps (about twice the
+#: manual path's time per call): the model-variant matrix runs impl="flex" on the same two
+#: variants (every feature its path converts: a bias, a rotation, grouped heads, a window
+#: mask, a KV cache), greedy decoding included.
+FLEX_VARIANTS = TRITON_VARIANTS
 
 
 def _triton_skip_reason(item) -> str | None:
@@ -47,14 +52,33 @@ def _triton_skip_reason(item) -> str | None:
     return None
 
 
+@pytest.fixture(autouse=True)
+def _flex_uncompiled_outside_its_own_tests(request, monkeypatch):
+    """``FLEX_COMPILE = False`` except in tests/test_flex_attention.py (see the module)."""
+    if "test_flex_attention" not in request.node.nodeid:
+        from course_attn.core import flex_attention
+
+        monkeypatch.setattr(flex_attention, "FLEX_COMPILE", False)
+
+
+def _flex_skip_reason(item) -> str | None:
+    """Why a test parametrized with ``impl="flex"`` is skipped here (None: it runs)."""
+    variant = item.callspec.params.get("variant", "")
+    if "test_model_variants" in item.nodeid and "meta" not in item.name and variant and \
+            variant not in FLEX_VARIANTS:
+        return f"the shared matrix runs impl='flex' on the variants {sorted(FLEX_VARIANTS)}"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip ``impl="triton"`` in the shared tests where its kernel cannot run, or crawls."""
+    """Skip ``impl="triton"`` in the shared tests where its kernel cannot run, or crawls, and
+    ``impl="flex"`` outside its variants of the model matrix."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if params.get("impl") == "triton":
-            reason = _triton_skip_reason(item)
-            if reason is not None:
-                item.add_marker(pytest.mark.skip(reason=reason))
+        why = {"triton": _triton_skip_reason, "flex": _flex_skip_reason}.get(params.get("impl"))
+        reason = None if why is None else why(item)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -42,9 +42,14 @@ from course_attn import (
     block_gradient_norms,
     block_grid,
     causal_mask,
+    causal_mask_mod,
     combine_masks,
     cross_cache_step_ms,
     decode_step_seconds,
+    document_mask,
+    document_positions,
+    flex_attend,
+    masked_attention_seconds,
     merge_heads,
     merge_softmax_states,
     new_caches,
@@ -60,6 +65,8 @@ from course_attn import (
     softmax,
     split_heads,
     stream_gradient_norm,
+    tensor_mask_mod,
+    tensor_score_mod,
     tiled_attention,
     to_additive_mask,
     to_torch_mha_mask,
@@ -71,7 +78,7 @@ matplotlib.use("Agg")
 SWEPT_MODULES = {f"course_attn.{m}" for m in (
     "core.attention", "core.masks", "core.layers", "core.kv_cache", "core.softmax",
     "core.self_attention", "core.tiled", "models.gpt", "models.encoder_decoder",
-    "models.decoding", "env", "lab.viz", "lab.experiments")}
+    "models.decoding", "env", "lab.viz", "lab.experiments", "core.flex_attention")}
 # analysis: swept in test_train_api_errors; measure: in test_measure
 
 # Targets that cannot take one of the two kinds of bad argument, and why.
@@ -87,6 +94,9 @@ EXEMPT = {
     ("KVCache.update", ValueError): "checked by its owner's door (tests/test_kv_cache.py)",
     ("CrossKVCache.update", TypeError): "checked by its owner's door (tests/test_kv_cache.py)",
     ("CrossKVCache.update", ValueError): "checked by its owner's door (tests/test_kv_cache.py)",
+    ("causal_mask_mod", ValueError): "every int is an offset (negative: T_q > T_k)",
+    ("FlexFallbackWarning", TypeError): "a warning class: raised by the package, not called",
+    ("FlexFallbackWarning", ValueError): "a warning class: raised by the package, not called",
     ("Cache", TypeError): "a typing.Protocol: never instantiated",
     ("Cache", ValueError): "a typing.Protocol: never instantiated",
 }
@@ -176,6 +186,18 @@ case("to_torch_mha_mask", "mask", ValueError, lambda: to_torch_mha_mask(_bool(1,
 case("to_additive_mask", "mask", TypeError, lambda: to_additive_mask([[True]]))
 case("to_additive_mask", "mask", ValueError, lambda: to_additive_mask(torch.tensor(True)))
 case("to_additive_mask", "dtype", TypeError, lambda: to_additive_mask(_bool(2), "float32"))
+FLEX_Q = torch.randn(1, 2, 4, 8)
+case("flex_attend", "q", TypeError, lambda: flex_attend(FLEX_Q.long(), FLEX_Q, FLEX_Q))
+case("flex_attend", "q", ValueError, lambda: flex_attend(FLEX_Q[0], FLEX_Q[0], FLEX_Q[0]))
+case("causal_mask_mod", "offset", TypeError, lambda: causal_mask_mod(1.5))
+case("tensor_mask_mod", "mask", TypeError, lambda: tensor_mask_mod(torch.ones(1, 1, 2, 2)))
+case("tensor_mask_mod", "mask", ValueError, lambda: tensor_mask_mod(_bool(2, 2)))
+case("tensor_score_mod", "bias", TypeError, lambda: tensor_score_mod(_bool(1, 1, 2, 2)))
+case("tensor_score_mod", "bias", ValueError, lambda: tensor_score_mod(torch.zeros(2, 2)))
+case("document_mask", "doc_ids", TypeError, lambda: document_mask(torch.zeros(2, 3)))
+case("document_mask", "doc_ids", ValueError, lambda: document_mask(torch.tensor([[1, 0]])))
+case("document_positions", "doc_ids", TypeError, lambda: document_positions([0, 0, 1]))
+case("document_positions", "doc_ids", ValueError, lambda: document_positions(_long(1, 2, 3)))
 case("combine_masks", "t_q", TypeError, lambda: combine_masks(3.0, 3))
 case("combine_masks", "t_q", ValueError, lambda: combine_masks(0, 4))
 case("combine_masks", "t_k", ValueError, lambda: combine_masks(4, 0))
@@ -414,6 +436,9 @@ case("decode_step_seconds", "seed", ValueError,
      lambda: decode_step_seconds(ED, 2, use_cache=True, seed=-1))
 case("decode_step_seconds", "cross_cache", TypeError,
      lambda: decode_step_seconds(ED, 2, use_cache=True, cross_cache=None))
+case("masked_attention_seconds", "t", TypeError, lambda: masked_attention_seconds(64.0))
+case("masked_attention_seconds", "mask", ValueError,
+     lambda: masked_attention_seconds(64, "prefix"))
 case("cross_cache_step_ms", "model", TypeError, lambda: cross_cache_step_ms(GPT, [4]))
 case("cross_cache_step_ms", "src_lengths", TypeError, lambda: cross_cache_step_ms(ED, 16))
 case("cross_cache_step_ms", "src_lengths", ValueError, lambda: cross_cache_step_ms(ED, [0]))

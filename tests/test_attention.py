@@ -136,7 +136,7 @@ def test_every_impl_of_the_switch_agrees_in_outputs_and_gradients(seed, dtype):
         assert (weights is None) == (impl != "manual")  # only the manual path has weights
         out.pow(2).sum().backward()
         results[impl] = (out, q.grad, k.grad, v.grad)
-    assert set(ATTENTION_IMPLS) == {"manual", "sdpa", "tiled", "triton"}
+    assert set(ATTENTION_IMPLS) == {"manual", "sdpa", "tiled", "triton", "flex"}
     assert {"manual", "sdpa", "tiled"} <= set(results)
     for impl in (impl for impl in RUNNABLE if impl != "manual"):
         for manual, other in zip(results["manual"], results[impl], strict=True):
@@ -272,8 +272,8 @@ def test_bad_inputs_raise_clear_errors(impl):
 def test_unknown_impl_names_the_argument():
     q, k, v = _qkv()
     with pytest.raises(ValueError,
-                       match=r"impl must be one of \('manual', 'sdpa', 'tiled', 'triton'\), "
-                             r"got 'flash'"):
+                       match=r"impl must be one of \('manual', 'sdpa', 'tiled', 'triton', "
+                             r"'flex'\), got 'flash'"):
         attention(q, k, v, impl="flash")
 
 

@@ -1,8 +1,9 @@
 """Every public name of the modern-attention modules, given a wrong type and a wrong value.
 
 Issue 14's modules (``rope``, ``alibi``, ``gqa``, ``kv_memory``, ``sliding_window``,
-``latent``, ``linear_attention``) follow the course's promise: a ``TypeError``
-for a wrong type, a ``ValueError`` for a wrong value, each naming the argument.
+``latent``, ``linear_attention``) and issue 43's ``mask_mods`` follow the course's
+promise: a ``TypeError`` for a wrong type, a ``ValueError`` for a wrong value, each naming
+the argument.
 A public callable without an entry here fails ``test_the_sweep_covers_every_public_callable``.
 """
 
@@ -14,14 +15,15 @@ import re
 
 import pytest
 import torch
+from torch.nn.attention.flex_attention import create_block_mask
 
-from course_attn.modern import alibi, gqa, kv_memory, latent, rope, sliding_window
+from course_attn.modern import alibi, gqa, kv_memory, latent, mask_mods, rope, sliding_window
 
 # course_attn.linear_attention is the function (as course_attn.attention is): get the module.
 linear_attention = importlib.import_module("course_attn.modern.linear_attention")
 
-MODULES = (rope, alibi, gqa, kv_memory, sliding_window, latent, linear_attention)
-NOT_CALLED = {"KV_CACHE_KINDS"}
+MODULES = (rope, alibi, gqa, kv_memory, sliding_window, latent, linear_attention, mask_mods)
+NOT_CALLED = {"KV_CACHE_KINDS", "BlockTiles"}
 # Building blocks a model calls once per forward, after its own door checked everything:
 # they check nothing (``apply_rope`` is the checked way to rotate, swept above).
 BUILDING_BLOCKS = {"rope_cos_sin", "apply_rotary", "rope_rotation"}
@@ -32,6 +34,7 @@ SLOPES = alibi.alibi_slopes(4)
 MLA = latent.MultiHeadLatentAttention(16, 4, 6)
 X16 = torch.randn(2, 5, 16)
 MEM = {"n_layers": 1, "context_length": 4, "n_heads": 8, "head_dim": 4}
+BLOCK_MASK = create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 8, 8, device="cpu")
 
 
 def _rolling() -> sliding_window.RollingKVCache:
@@ -91,6 +94,21 @@ CASES = {
     "linear_attention": (lambda: linear_attention.linear_attention(Q, Q, Q, feature_map=1),
                          "feature_map",
                          lambda: linear_attention.linear_attention(Q, Q, Q, eps=-1.0), "eps"),
+    "sliding_window_mask_mod": (lambda: mask_mods.sliding_window_mask_mod(2.5), "window",
+                                lambda: mask_mods.sliding_window_mask_mod(4, offset=-1),
+                                "offset"),
+    "padding_mask_mod": (lambda: mask_mods.padding_mask_mod(torch.ones(2, 3)), "attention_mask",
+                         lambda: mask_mods.padding_mask_mod(torch.ones(3, dtype=torch.bool)),
+                         "attention_mask"),
+    "document_mask_mod": (lambda: mask_mods.document_mask_mod([[0, 1]]), "doc_ids",
+                          lambda: mask_mods.document_mask_mod(torch.tensor([[1, 0]])),
+                          "doc_ids"),
+    "alibi_score_mod": (lambda: mask_mods.alibi_score_mod([0.5]), "slopes",
+                        lambda: mask_mods.alibi_score_mod(SLOPES, offset=-2), "offset"),
+    "block_mask_grid": (lambda: mask_mods.block_mask_grid(SLOPES), "block_mask",
+                        lambda: mask_mods.block_mask_grid(BLOCK_MASK, head=1), "head"),
+    "block_mask_tiles": (lambda: mask_mods.block_mask_tiles(SLOPES), "block_mask",
+                         lambda: mask_mods.block_mask_tiles(BLOCK_MASK, batch=2), "batch"),
     "linear_attention_recurrent": (
         lambda: linear_attention.linear_attention_recurrent(Q, Q, Q, state=[]), "state",
         lambda: linear_attention.linear_attention_recurrent(
@@ -107,8 +125,8 @@ def public_callables() -> set[str]:
     for module in MODULES:
         for name in module.__all__:
             value = getattr(module, name)
-            if name in NOT_CALLED:
-                assert not callable(value), name
+            if name in NOT_CALLED:  # a constant, or a record (a NamedTuple, no checks)
+                assert not callable(value) or issubclass(value, tuple), name
                 continue
             if name in BUILDING_BLOCKS:
                 assert "without checks" in value.__doc__, name

@@ -370,7 +370,7 @@ def test_cli_task_reports_the_floor(tmp_path, task):
         (["--dropout", "1.5"], "argument --dropout: dropout must be in [0, 1)"),
         (["--preset", "tpu"], "invalid choice"),
         (["--impl", "flash"],
-         "invalid choice: 'flash' (choose from 'manual', 'sdpa', 'tiled', 'triton')"),
+         "invalid choice: 'flash' (choose from 'manual', 'sdpa', 'tiled', 'triton', 'flex')"),
         (["--n-heads", "3"], "argument --n-heads/--d-model: d_model=128 must be divisible"),
         (["--samples", "-1"], "argument --samples: expected an integer >= 0, got -1"),
         (["--resume", "missing.pt"], "not an existing file"),

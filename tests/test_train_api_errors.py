@@ -28,6 +28,7 @@ TASK_IDS = torch.zeros(2, 4, dtype=torch.long)
 TOKENIZER = data.CharTokenizer("abc")
 IDS = torch.arange(60) % 3
 WEIGHTS = torch.full((6, 6), 1 / 6)
+CORPUS = data.CharCorpus(TOKENIZER, IDS, IDS)
 
 
 def model() -> MiniGPT:
@@ -109,6 +110,18 @@ CASES: dict[str, Case] = {
     "CharCorpus.get_batch": (
         lambda p: data.CharCorpus.from_text("abc" * 20).get_batch(0, 2, 4), "split",
         lambda p: data.CharCorpus.from_text("abc" * 20).get_batch("test", 2, 4), "split"),
+    "PackedCorpus": (lambda p: data.PackedCorpus("abc", "\n", IDS, IDS), "corpus",
+                     lambda p: data.PackedCorpus(CORPUS, "\n", IDS[:5], IDS[:5]),
+                     "train_docs"),
+    "PackedCorpus.from_text": (
+        lambda p: data.PackedCorpus.from_text("a\nb" * 9, 5), "separator",
+        lambda p: data.PackedCorpus.from_text("a\nb" * 9, "##"), "separator"),
+    "PackedCorpus.get_batch": (
+        lambda p: data.PackedCorpus.from_text("a\nb" * 9, "\n").get_batch(0, 2, 4), "split",
+        lambda p: data.PackedCorpus.from_text("a\nb" * 9, "\n").get_batch("val", 2, 9),
+        "context_length"),
+    "document_ids": (lambda p: data.document_ids(b"a b", " "), "text",
+                     lambda p: data.document_ids("a b", ""), "separator"),
     "CharTokenizer": (lambda p: data.CharTokenizer(5), "chars",
                       lambda p: data.CharTokenizer(""), "chars"),
     "CharTokenizer.from_text": (lambda p: data.CharTokenizer.from_text(5), "text",
@@ -156,6 +169,10 @@ CASES: dict[str, Case] = {
             EncoderDecoder(EncoderDecoderConfig(src_vocab_size=6, tgt_vocab_size=6, d_model=8,
                                                 n_heads=2, n_layers=1)),
             TASK_IDS, TASK_IDS + 6), "tgt"),
+    "cross_document_attention": (
+        lambda p: analysis.cross_document_attention(WEIGHTS[None, None], [[0] * 6]), "doc_ids",
+        lambda p: analysis.cross_document_attention(WEIGHTS[None, None], IDS[None, :5]),
+        "doc_ids"),
     "induction_attention_score": (
         lambda p: analysis.induction_attention_score(WEIGHTS[None], [[0, 1]]), "tokens",
         lambda p: analysis.induction_attention_score(WEIGHTS[None], torch.arange(6)), "tokens"),
@@ -166,7 +183,7 @@ CASES: dict[str, Case] = {
 }
 
 #: Public names that are not called: constants, and an interface that is never built.
-NOT_CALLED = {"GPU_PEAK_FLOPS", "PRESETS", "BatchSource", "DEFAULT_CORPUS_MODULES",
+NOT_CALLED = {"GPU_PEAK_FLOPS", "PRESETS", "BatchSource", "DEFAULT_CORPUS_MODULES", "PackedBatch",
               "TINY_SHAKESPEARE_SHA256", "TINY_SHAKESPEARE_URL", "TASKS", "CHECKPOINT_FORMAT",
               "RESUME_MAY_CHANGE"}
 #: Public callables that take no arguments, so none can be wrong.

@@ -12,6 +12,13 @@ from .core.attention import (
     attention,
     scaled_dot_product_attention,
 )
+from .core.flex_attention import (
+    FlexFallbackWarning,
+    causal_mask_mod,
+    flex_attend,
+    tensor_mask_mod,
+    tensor_score_mod,
+)
 from .core.kv_cache import Cache, CrossKVCache, KVCache, new_caches
 from .core.layers import (
     FeedForward,
@@ -25,6 +32,8 @@ from .core.layers import (
 from .core.masks import (
     causal_mask,
     combine_masks,
+    document_mask,
+    document_positions,
     padding_mask,
     positions_from_attention_mask,
     to_additive_mask,
@@ -54,7 +63,10 @@ from .data.tasks import CopyTask, RecallTask
 from .data.text import (
     CharCorpus,
     CharTokenizer,
+    PackedBatch,
+    PackedCorpus,
     default_corpus,
+    document_ids,
     download_tiny_shakespeare,
     load_text,
     train_val_split,
@@ -64,13 +76,16 @@ from .lab.analysis import (
     HeadScoreTracker,
     attention_maps,
     cross_attention_maps,
+    cross_document_attention,
     induction_attention_score,
     offset_attention_score,
 )
 from .lab.experiments import (
+    TIMED_MASKS,
     block_gradient_norms,
     cross_cache_step_ms,
     decode_step_seconds,
+    masked_attention_seconds,
     residual_stream_rms,
     stream_gradient_norm,
 )
@@ -89,6 +104,15 @@ from .modern.linear_attention import (
     elu_feature_map,
     linear_attention,
     linear_attention_recurrent,
+)
+from .modern.mask_mods import (
+    BlockTiles,
+    alibi_score_mod,
+    block_mask_grid,
+    block_mask_tiles,
+    document_mask_mod,
+    padding_mask_mod,
+    sliding_window_mask_mod,
 )
 from .modern.rope import apply_rope, apply_rotary, rope_cos_sin, rope_rotation, sinusoid_angles
 from .modern.sliding_window import RollingKVCache, sliding_window_attention, sliding_window_mask
@@ -202,6 +226,27 @@ __all__ = [
     "tiled_attention",
     # issue 27, the FlashAttention-2 kernel in Triton
     "triton_attention",
+    # issue 43, masks as code (FlexAttention) and packed documents
+    "BlockTiles",
+    "FlexFallbackWarning",
+    "TIMED_MASKS",
+    "cross_document_attention",
+    "masked_attention_seconds",
+    "PackedBatch",
+    "PackedCorpus",
+    "alibi_score_mod",
+    "block_mask_grid",
+    "block_mask_tiles",
+    "causal_mask_mod",
+    "document_ids",
+    "document_mask",
+    "document_mask_mod",
+    "document_positions",
+    "flex_attend",
+    "padding_mask_mod",
+    "sliding_window_mask_mod",
+    "tensor_mask_mod",
+    "tensor_score_mod",
 ]
 
 

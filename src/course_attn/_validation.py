@@ -51,6 +51,7 @@ __all__ = [
     "check_attention_args",
     "check_device",
     "check_device_exists",
+    "check_doc_ids",
     "check_kv_heads",
     "check_qkv",
     "explain_out_of_memory",
@@ -395,6 +396,22 @@ def check_token_mask(value: object, name: str, shape: Sequence[int], *,
     if rows_nonempty and values_checkable(value) and not value.any(dim=1).all():
         raise ValueError(f"{name} has a row without any real token (all False)")
     return value
+
+
+def check_doc_ids(doc_ids: object, name: str = "doc_ids") -> Tensor:
+    """Check document ids ``(T,)`` or ``(B, T)``: integers, never decreasing along a row
+    (a document is one run of tokens), read only where values are cheap (Chapter 11)."""
+    doc_ids = check_tensor(doc_ids, name, floating=False)
+    if doc_ids.is_floating_point() or doc_ids.is_complex() or doc_ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer document ids (e.g. torch.long), got dtype "
+                        f"{doc_ids.dtype}")
+    if doc_ids.dim() not in (1, 2) or doc_ids.shape[-1] == 0:
+        raise ValueError(f"{name} must have shape (T,) or (B, T) with T >= 1, got "
+                         f"{tuple(doc_ids.shape)}")
+    if values_checkable(doc_ids) and (doc_ids[..., 1:] < doc_ids[..., :-1]).any():
+        raise ValueError(f"{name} must never decrease along a row (each document is one run "
+                         f"of tokens; number them in order), got {doc_ids.tolist()}")
+    return doc_ids
 
 
 def check_head_split(d_model: object, n_heads: object) -> int:

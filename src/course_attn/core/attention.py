@@ -11,7 +11,9 @@ dropout_p, bias) -> (out, weights or None)``.
   in torch (chapter 9);
 * :func:`~course_attn.core.triton_attention.attention_triton`, the same algorithm as a
   FlashAttention-2 kernel in Triton (chapter 9): compiled on a CUDA GPU, or run by
-  Triton's interpreter on the CPU (``TRITON_INTERPRET=1``).
+  Triton's interpreter on the CPU (``TRITON_INTERPRET=1``);
+* :func:`~course_attn.core.flex_attention.attention_flex`, PyTorch's FlexAttention with
+  the masks and the bias as code (chapter 10), compiled where a compiler is found.
 
 They check nothing: :func:`attention` (and :func:`scaled_dot_product_attention`, the
 manual path alone) checks the arguments once and picks a path by name from
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import check_attention_args, check_choice, check_head_sizes_at_most
+from .flex_attention import attention_flex
 from .tiled import attention_tiled
 from .triton_attention import MAX_TRITON_HEAD_SIZE, attention_triton
 
@@ -153,12 +156,14 @@ def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
 
 #: The attention paths by name: what ``impl`` picks in :func:`attention`, the layers and
 #: ``GPTConfig``. ``"tiled"`` is chapter 9's FlashAttention model in torch, ``"triton"``
-#: the same algorithm as a Triton kernel (it needs the triton package).
+#: the same algorithm as a Triton kernel (it needs the triton package), ``"flex"``
+#: PyTorch's FlexAttention (chapter 10).
 ATTENTION_FUNCTIONS: dict[str, AttentionFunction] = {
     "manual": attention_manual,
     "sdpa": attention_sdpa,
     "tiled": attention_tiled,
     "triton": attention_triton,
+    "flex": attention_flex,
 }
 ATTENTION_IMPLS = tuple(ATTENTION_FUNCTIONS)
 
@@ -217,7 +222,7 @@ def attention(
     bias: Tensor | None = None,
     impl: str = "manual",
 ) -> tuple[Tensor, Tensor | None]:
-    """The one switch between the attention paths: manual, fused, tiled, Triton (Chapters 4, 9).
+    """The one switch between the attention paths: manual, sdpa, tiled, triton, flex (Ch. 4-10).
 
     Same arguments and semantics as :func:`scaled_dot_product_attention`; ``impl``
     is ``"manual"`` (returns the weights), ``"sdpa"`` (PyTorch's fused kernel,
@@ -229,8 +234,10 @@ def attention(
     algorithm as a FlashAttention-2 kernel in Triton, ``None`` for the weights, dropout
     by a position hash too; head sizes up to 128; on CPU tensors it needs Triton's
     interpreter, ``TRITON_INTERPRET=1``, and it needs the triton package: see
-    ``course_attn.core.triton_attention``). Checks its arguments once, then calls
-    ``ATTENTION_FUNCTIONS[impl]``.
+    ``course_attn.core.triton_attention``) or ``"flex"`` (PyTorch's FlexAttention, the
+    masks and the bias as code, compiled where a compiler is found; ``None`` for the
+    weights; no dropout in its kernel: see ``course_attn.core.flex_attention``). Checks its
+    arguments once, then calls ``ATTENTION_FUNCTIONS[impl]``.
 
     Like the manual path it never reads tensor values (no host-device sync):
     NaN or inf inputs propagate (padded keys excepted, which are contained).

@@ -19,7 +19,9 @@ from .._validation import (
     check_bool_mask,
     check_choice,
     check_device,
+    check_doc_ids,
     check_positive_int,
+    check_tensor,
     explain_out_of_memory,
     moved_to,
     values_checkable,
@@ -29,6 +31,8 @@ from .attention import with_causal
 __all__ = [
     "causal_mask",
     "combine_masks",
+    "document_mask",
+    "document_positions",
     "padding_mask",
     "positions_from_attention_mask",
     "scores_mask",
@@ -255,3 +259,34 @@ def positions_from_attention_mask(attention_mask: Tensor) -> Tensor:
                          f"{tuple(attention_mask.shape)}")
     positions = attention_mask.long().cumsum(dim=-1) - 1  # (B, T): index among real tokens
     return positions.clamp(min=0)  # (B, T)
+
+
+def document_mask(doc_ids: Tensor) -> Tensor:
+    """Packed documents (Chapter 11): query ``i`` may attend key ``j`` of its own document only.
+
+    ``doc_ids (B, T)`` (or ``(T,)``) holds the document of each token of a packed row,
+    documents numbered in order (``[0, 0, 0, 1, 1, 2, ...]``). Returns a boolean ``(B, T, T)``
+    (or ``(T, T)``) mask, ``True`` = may attend: block-diagonal. AND it with
+    :func:`causal_mask` for a decoder. With :func:`document_positions` (positions that
+    restart at each document), each document of the row gives what it gives alone.
+    """
+    doc_ids = check_doc_ids(doc_ids)
+    return doc_ids.unsqueeze(-1) == doc_ids.unsqueeze(-2)  # (..., T, 1) == (..., 1, T)
+
+
+def document_positions(doc_ids: Tensor) -> Tensor:
+    """The position of each token within its document, ``0`` at its first token (Chapter 11).
+
+    ``doc_ids (B, T)`` or ``(T,)`` as in :func:`document_mask`; returns long, same shape.
+    A row cut from the middle of a document starts that document at position 0. Reads no
+    value (a model's forward calls it; its door checks the ids with :func:`check_doc_ids`).
+    """
+    doc_ids = check_tensor(doc_ids, "doc_ids", floating=False)
+    if doc_ids.dim() not in (1, 2) or doc_ids.is_floating_point():
+        raise ValueError(f"doc_ids must be integer ids of shape (T,) or (B, T), got "
+                         f"{doc_ids.dtype} of shape {tuple(doc_ids.shape)}")
+    index = torch.arange(doc_ids.shape[-1], device=doc_ids.device).expand(doc_ids.shape)
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)  # (..., T): a document starts here
+    starts[..., 1:] = doc_ids[..., 1:] != doc_ids[..., :-1]
+    last_start = (index * starts).cummax(dim=-1).values  # (..., T): where my document began
+    return index - last_start  # (..., T)

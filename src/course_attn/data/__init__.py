@@ -3,7 +3,10 @@
 from .text import (
     CharCorpus,
     CharTokenizer,
+    PackedBatch,
+    PackedCorpus,
     default_corpus,
+    document_ids,
     download_tiny_shakespeare,
     load_text,
     train_val_split,
@@ -12,7 +15,10 @@ from .text import (
 __all__ = [
     "CharCorpus",
     "CharTokenizer",
+    "PackedBatch",
+    "PackedCorpus",
     "default_corpus",
+    "document_ids",
     "download_tiny_shakespeare",
     "load_text",
     "train_val_split",

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -37,7 +38,10 @@ __all__ = [
     "TINY_SHAKESPEARE_URL",
     "CharCorpus",
     "CharTokenizer",
+    "PackedBatch",
+    "PackedCorpus",
     "default_corpus",
+    "document_ids",
     "download_tiny_shakespeare",
     "get_batch",
     "load_text",
@@ -247,14 +251,21 @@ def get_batch(
             f"data has {len(data)} tokens, fewer than context_length + 1 = {context_length + 1}: "
             "use a longer text or a smaller context_length"
         )
-    starts = torch.randint(len(data) - context_length, (batch_size,), generator=generator)  # (B,)
-    starts = to_device(starts, data.device)  # (B,) index tensor, copied without blocking
-    offsets = torch.arange(context_length, device=data.device)  # (T,)
-    index = starts[:, None] + offsets[None, :]  # (B, 1) + (1, T) -> (B, T)
+    index = _windows(len(data), batch_size, context_length, generator, data.device)  # (B, T)
     x, y = data[index], data[index + 1]  # (B, T), (B, T)
     if device is not None:
         x, y = to_device(x, device), to_device(y, device)
     return x, y
+
+
+def _windows(n: int, batch_size: int, context_length: int, generator: torch.Generator | None,
+             device: torch.device) -> Tensor:
+    """``(B, T)`` positions of ``B`` random windows of ``T`` tokens (and their successors)
+    in ``n`` tokens, the starts drawn on the CPU from ``generator``."""
+    starts = torch.randint(n - context_length, (batch_size,), generator=generator)  # (B,)
+    starts = to_device(starts, device)  # (B,) index tensor, copied without blocking
+    offsets = torch.arange(context_length, device=device)  # (T,)
+    return starts[:, None] + offsets[None, :]  # (B, 1) + (1, T) -> (B, T)
 
 
 def to_device(tensor: Tensor, device: torch.device | str) -> Tensor:
@@ -324,6 +335,123 @@ class CharCorpus:
                 self._on_device[key] = data.to(device)
             data = self._on_device[key]
         return get_batch(data, batch_size, context_length, generator=generator)
+
+
+def document_ids(text: str, separator: str) -> Tensor:
+    """The document of each character of ``text``, cut at every ``separator`` (Chapter 11).
+
+    ``(len(text),)`` long ids ``0, 0, ..., 1, 1, ...``: a document starts at the text's
+    first character and at each occurrence of ``separator`` (found left to right, without
+    overlap), which opens its document as a beginning-of-document mark would. For Tiny
+    Shakespeare, ``separator="\\n\\n"`` makes each speech a document.
+    """
+    if not isinstance(text, str) or not isinstance(separator, str):
+        raise TypeError(f"text and separator must be str, got {type(text).__name__} and "
+                        f"{type(separator).__name__}")
+    if not separator:
+        raise ValueError("separator must be a non-empty str, got ''")
+    starts, at = [], text.find(separator, 1)
+    while at != -1:
+        starts.append(at)
+        at = text.find(separator, at + len(separator))
+    begins = torch.zeros(len(text), dtype=torch.long)  # (N,): 1 where a document begins
+    begins[starts] = 1
+    return begins.cumsum(0)  # (N,)
+
+
+class PackedBatch(NamedTuple):
+    """A batch of packed rows (Chapter 11): ``x``, ``y`` and ``doc_ids``, each ``(B, T)``.
+
+    It unpacks into ``MiniGPT(x, y, doc_ids)``, as ``(x, y)`` does into ``MiniGPT(x, y)``.
+    """
+
+    x: Tensor
+    y: Tensor
+    doc_ids: Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class PackedCorpus:
+    """A :class:`CharCorpus` cut into documents at a separator (Chapter 11).
+
+    Its batches are the corpus's windows (the same ones for the same generator), each with
+    the document id of every token: a row packs the end of one document, whole ones, and
+    the start of another, and ``MiniGPT(x, y, doc_ids)`` keeps attention and positions
+    inside each document.
+    """
+
+    corpus: CharCorpus
+    separator: str
+    train_docs: Tensor  # (N_train,) the document of each training token
+    val_docs: Tensor  # (N_val,)
+    _on_device: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.corpus, CharCorpus):
+            raise TypeError(f"corpus must be a CharCorpus, got {type(self.corpus).__name__}")
+        for docs, data, name in ((self.train_docs, self.corpus.train_data, "train_docs"),
+                                 (self.val_docs, self.corpus.val_data, "val_docs")):
+            if _check_token_ids(docs, name).shape != data.shape:
+                raise ValueError(f"{name} must hold one id per token, {tuple(data.shape)}, "
+                                 f"got {tuple(docs.shape)}")
+
+    @classmethod
+    def from_text(cls, text: str, separator: str, train_fraction: float = 0.9
+                  ) -> PackedCorpus:
+        """Tokenize and split ``text`` as :meth:`CharCorpus.from_text`, documents cut at
+        ``separator`` (which must occur in it)."""
+        docs = document_ids(text, separator)
+        if not isinstance(text, str) or len(text) < 2 or int(docs[-1]) == 0:
+            raise ValueError(f"separator {separator!r} does not occur in the text (after its "
+                             "first character): it would be one single document")
+        corpus = CharCorpus.from_text(text, train_fraction)
+        n = len(corpus.train_data)
+        return cls(corpus, separator, docs[:n], docs[n:])
+
+    @property
+    def tokenizer(self) -> CharTokenizer:
+        return self.corpus.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.corpus.vocab_size
+
+    @property
+    def train_data(self) -> Tensor:
+        return self.corpus.train_data
+
+    @property
+    def val_data(self) -> Tensor:
+        return self.corpus.val_data
+
+    def get_batch(self, split: str, batch_size: int, context_length: int, *,
+                  generator: torch.Generator | None = None,
+                  device: torch.device | str | None = None) -> PackedBatch:
+        """A random batch ``(x, y, doc_ids)``, each ``(B, T)``, from ``"train"`` or ``"val"``:
+        the windows :meth:`CharCorpus.get_batch` cuts, with their documents."""
+        check_split(split)
+        check_positive_int(batch_size, "batch_size")
+        check_positive_int(context_length, "context_length")
+        check_cpu_generator(generator)
+        target = torch.device("cpu") if device is None else check_device(
+            device, "device", allow_none=False, exists=True)
+        data, docs = self._split_on(split, target)
+        if len(data) < context_length + 1:
+            raise ValueError(f"the {split} split has {len(data)} tokens, fewer than "
+                             f"context_length + 1 = {context_length + 1}")
+        index = _windows(len(data), batch_size, context_length, generator, data.device)
+        return PackedBatch(data[index], data[index + 1], docs[index])  # (B, T) each
+
+    def _split_on(self, split: str, device: torch.device) -> tuple[Tensor, Tensor]:
+        """A split's tokens and document ids on ``device``, copied there once."""
+        data, docs = ((self.train_data, self.train_docs) if split == "train"
+                      else (self.val_data, self.val_docs))
+        if device == data.device:
+            return data, docs
+        key = (split, str(device))
+        if key not in self._on_device:
+            self._on_device[key] = (data.to(device), docs.to(device))
+        return self._on_device[key]
 
 
 def _sha256(path: Path) -> str:

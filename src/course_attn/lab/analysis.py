@@ -18,19 +18,20 @@ from torch import Tensor, nn
 
 from ..models.encoder_decoder import EncoderDecoder
 
-__all__ = ["HeadScoreTracker", "attention_maps", "cross_attention_maps",
+__all__ = ["HeadScoreTracker", "attention_maps", "cross_attention_maps", "cross_document_attention",
            "induction_attention_score", "offset_attention_score"]
 
 
 @torch.no_grad()
 def attention_maps(model: nn.Module, idx: Tensor, *,
-                   attention_mask: Tensor | None = None) -> Tensor:
+                   attention_mask: Tensor | None = None,
+                   doc_ids: Tensor | None = None) -> Tensor:
     """Attention weights of every head of every block of a model, ``(L, B, H, T, T)`` (Ch. 11).
 
     Read as from any PyTorch model: a forward hook on each block's self-attention
     (``model.blocks[i].self_attn``) catches the weights it returns, during one
     forward of ``idx (B, T)`` in eval mode with ``need_weights=True``; the model's
-    door checks ``idx`` and ``attention_mask``.
+    door checks ``idx``, ``attention_mask`` and ``doc_ids`` (packed documents).
     """
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.ModuleList) or not all(hasattr(b, "self_attn") for b in blocks):
@@ -42,7 +43,8 @@ def attention_maps(model: nn.Module, idx: Tensor, *,
              for layer in layers]
     was_training = model.training
     try:
-        model.eval()(idx, attention_mask=attention_mask, need_weights=True)
+        extra = {} if doc_ids is None else {"doc_ids": doc_ids}  # a MiniGPT's packed rows
+        model.eval()(idx, attention_mask=attention_mask, need_weights=True, **extra)
     finally:
         model.train(was_training)
         for hook in hooks:
@@ -130,6 +132,31 @@ def offset_attention_score(
     queries = torch.arange(first, time, device=attn_weights.device)  # (Q,)
     picked = attn_weights[..., queries, queries - offset]  # (..., Q)
     return picked.mean(dim=-1)
+
+
+def cross_document_attention(attn_weights: Tensor, doc_ids: Tensor) -> Tensor:
+    """The share of attention a query puts on keys of other documents (Chapter 11).
+
+    ``attn_weights (..., B, H, T, T)`` (``attention_maps``: ``(L, B, H, T, T)``) of packed
+    rows whose tokens belong to the documents ``doc_ids (B, T)`` -> ``(..., H)``: the mean,
+    over the queries that have an earlier document in their row, of the weight on its keys.
+    With the document mask it is 0 by construction; without it, it is what leaks.
+    """
+    _check_weights(attn_weights, 4, "(..., B, H, T, T)")
+    batch, time = attn_weights.shape[-4], attn_weights.shape[-1]
+    if not isinstance(doc_ids, Tensor) or doc_ids.is_floating_point():
+        raise TypeError(f"doc_ids must be an integer tensor (B, T), got "
+                        f"{type(doc_ids).__name__}")
+    if tuple(doc_ids.shape) != (batch, time):
+        raise ValueError(f"doc_ids must have shape (B, T) = ({batch}, {time}), got "
+                         f"{tuple(doc_ids.shape)}")
+    doc_ids = doc_ids.to(attn_weights.device)
+    other = doc_ids[:, None, :, None] != doc_ids[:, None, None, :]  # (B, 1, T, T)
+    leaked = (attn_weights * other).sum(-1)  # (..., B, H, T): weight on other documents
+    has_other = (doc_ids != doc_ids[:, :1]).unsqueeze(1)  # (B, 1, T): not the first one
+    counted = has_other.expand(leaked.shape[-3:])  # (B, H, T)
+    total = (leaked * counted).sum(dim=(-3, -1))  # (..., H)
+    return total / counted[:, 0].sum().clamp(min=1)  # (..., H)
 
 
 def _query_mask(queries: object, batch: int, time: int, device: torch.device) -> Tensor:

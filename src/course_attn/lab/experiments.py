@@ -1,11 +1,14 @@
-"""Experiments: gradients through deep stacks (chapter 7), the cost of decoding (chapter 8).
+"""Experiments: gradients through deep stacks (chapter 7), the cost of decoding (chapter 8),
+a mask as code against a mask as a tensor (chapter 10).
 
 :func:`block_gradient_norms` compares pre-norm and post-norm stacks at
 initialisation (with or without a final norm), :func:`residual_stream_rms` follows
 the size of a stack's residual stream and :func:`stream_gradient_norm` the gradient that
 enters the stack at its top; :func:`decode_step_seconds` times one decoding
 step with and without the KV cache, and :func:`cross_cache_step_ms` times a cached step against
-the source length, with and without the static cross-attention cache. They
+the source length, with and without the static cross-attention cache;
+:func:`masked_attention_seconds` times FlexAttention (the mask as code, tiles skipped)
+against PyTorch's fused attention and the manual path given the mask as a tensor. They
 measure the models; they are not part of them.
 """
 
@@ -16,14 +19,24 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.flex_attention import and_masks, create_block_mask, create_mask
 
-from .._validation import check_bool, check_nonnegative_int, check_positive_int
+from .._validation import check_bool, check_choice, check_nonnegative_int, check_positive_int
+from ..core.attention import attention_manual
+from ..core.flex_attention import causal_mask_mod, flex_attend
 from ..core.layers import TransformerBlock
 from ..models.encoder_decoder import EncoderDecoder
+from ..modern.mask_mods import document_mask_mod, sliding_window_mask_mod
+from .measure import median_seconds
 
-__all__ = ["block_gradient_norms", "cross_cache_step_ms", "decode_step_seconds",
-           "residual_stream_rms", "stream_gradient_norm"]
+__all__ = ["TIMED_MASKS", "block_gradient_norms", "cross_cache_step_ms", "decode_step_seconds",
+           "masked_attention_seconds", "residual_stream_rms", "stream_gradient_norm"]
+
+#: The masks :func:`masked_attention_seconds` times (chapter 10): causal, a causal sliding
+#: window, and causal attention inside packed documents.
+TIMED_MASKS = ("causal", "sliding window", "documents")
 
 
 def block_gradient_norms(n_layers: int, *, norm_first: bool, d_model: int = 64, n_heads: int = 4,
@@ -230,3 +243,46 @@ def cross_cache_step_ms(model: EncoderDecoder, src_lengths: Sequence[int], *,
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def masked_attention_seconds(t: int, mask: str = "causal", *, heads: int = 4,
+                             head_dim: int = 64, window: int = 256, document: int = 256,
+                             repeats: int = 3, seed: int = 0) -> dict[str, float]:
+    """Forward seconds of one attention call at length ``t`` on three paths (Chapter 10).
+
+    ``mask`` is one of :data:`TIMED_MASKS` (``window`` positions; documents of
+    ``document`` tokens). ``"flex"``: FlexAttention with the mask as code and its
+    BlockMask (made once, outside the timing), compiled where a compiler is found;
+    ``"sdpa"``: ``F.scaled_dot_product_attention`` given the mask as a boolean
+    ``(T, T)`` tensor; ``"manual"``: chapter 4's path given the same tensor. Each is the
+    median of ``repeats`` calls after one, whose time is ``"flex first call"`` for flex
+    (the compilation, for a new shape). Inputs ``(1, heads, t, head_dim)``, float32, on
+    the CPU, without gradients. Timings vary with the machine and its load: compare the
+    paths of one call.
+    """
+    t = check_positive_int(t, "t")
+    check_choice(mask, "mask", TIMED_MASKS)
+    for name, value in (("heads", heads), ("head_dim", head_dim), ("window", window),
+                        ("document", document), ("repeats", repeats)):
+        check_positive_int(value, name)
+    check_nonnegative_int(seed, "seed")
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, heads, t, head_dim, generator=g) for _ in range(3))
+    mod = {"causal": causal_mask_mod(),
+           "sliding window": sliding_window_mask_mod(window),
+           "documents": and_masks(causal_mask_mod(),
+                                  document_mask_mod(torch.arange(t)[None] // document))}[mask]
+    allowed = create_mask(mod, 1, 1, t, t, "cpu")  # (1, 1, T, T): the same mask, as a tensor
+    block_mask = create_block_mask(mod, 1, 1, t, t, device="cpu")
+    runs = {"flex": lambda: flex_attend(q, k, v, block_mask=block_mask),
+            "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=allowed),
+            "manual": lambda: attention_manual(q, k, v, allowed)}
+    seconds: dict[str, float] = {}
+    with torch.no_grad():
+        start = time.perf_counter()
+        runs["flex"]()  # compiles the kernel for this shape (once per process)
+        seconds["flex first call"] = time.perf_counter() - start
+        for name, run in runs.items():
+            seconds[name] = median_seconds(run, repeats=repeats, warmup=0 if name == "flex"
+                                           else 1)
+    return seconds

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from .._validation import (
     check_bool,
+    check_doc_ids,
     check_left_padding,
     check_nonnegative_int,
     check_nonnegative_real,
@@ -32,6 +33,7 @@ __all__ = [
     "check_generate_call",
     "check_gpt_call",
     "check_on_model_device",
+    "check_packed_call",
 ]
 
 
@@ -79,6 +81,24 @@ def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: obj
             raise ValueError(f"targets are on {targets.device} but idx is on {idx.device}")
     return _check_mask(attention_mask, "attention_mask", (batch, past + time), idx, "idx",
                        rows_nonempty=True)
+
+
+def check_packed_call(idx: Tensor, doc_ids: object, attention_mask: Tensor | None,
+                      caches: object) -> Tensor:
+    """Check ``MiniGPT.forward``'s ``doc_ids`` (packed documents, Chapter 11), after
+    :func:`check_gpt_call` checked ``idx``: one id per token, on ``idx``'s device, never
+    decreasing along a row; not with padding or a cache (a packed row has neither)."""
+    doc_ids = check_doc_ids(doc_ids)
+    if doc_ids.shape != idx.shape:
+        raise ValueError(f"doc_ids must have the shape of idx {tuple(idx.shape)} (one document "
+                         f"id per token), got {tuple(doc_ids.shape)}")
+    if doc_ids.device != idx.device:
+        raise ValueError(f"doc_ids are on {doc_ids.device} but idx is on {idx.device}")
+    for name, value in (("attention_mask", attention_mask), ("caches", caches)):
+        if value is not None:
+            raise ValueError(f"doc_ids (packed documents) cannot be combined with {name}: a "
+                             f"packed row has no padding and is not decoded token by token")
+    return doc_ids
 
 
 def check_generate_call(model: Any, idx: object, max_new_tokens: object, temperature: object,

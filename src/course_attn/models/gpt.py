@@ -46,12 +46,12 @@ from ..core.layers import (
     make_norm,
     sinusoidal_table,
 )
-from ..core.masks import causal_mask
+from ..core.masks import causal_mask, document_positions
 from ..core.triton_attention import MAX_TRITON_HEAD_SIZE
 from ..modern.alibi import alibi_bias, alibi_slopes
 from ..modern.rope import rope_rotation
 from ..modern.sliding_window import sliding_window_mask
-from .checks import check_generate_call, check_gpt_call
+from .checks import check_generate_call, check_gpt_call, check_packed_call
 from .decoding import decode, pick_next
 
 __all__ = ["POS_ENCODINGS", "GPTConfig", "MiniGPT", "next_token_loss"]
@@ -145,9 +145,12 @@ def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
 class MiniGPT(nn.Module):
     """A GPT-style language model built from the course's blocks (Chapter 11).
 
-    ``forward(idx (B, T), targets=None, *, attention_mask=None, caches=None)`` gives
-    ``(logits (B, T, N_vocab), loss or None)``; ``targets``: the next ids (``-1`` is left
-    out). ``attention_mask (B, T_cache + T)``: ``True`` on real tokens of left-padded rows
+    ``forward(idx (B, T), targets=None, doc_ids=None, *, attention_mask=None, caches=None)``
+    gives ``(logits (B, T, N_vocab), loss or None)``; ``targets``: the next ids (``-1`` is left
+    out). ``doc_ids (B, T)``: the document of each token of packed rows (chapter 11):
+    attention stays inside a document and positions restart at each one, so each document
+    gives what it gives alone (a batch ``(x, y, doc_ids)`` unpacks into the call).
+    ``attention_mask (B, T_cache + T)``: ``True`` on real tokens of left-padded rows
     (positions count from the first real one). ``caches``: one :class:`KVCache` per block.
     ``attention_fn`` replaces every block's attention path (chapters 10 and 11).
     """
@@ -202,7 +205,8 @@ class MiniGPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None, *,
+    def forward(self, idx: Tensor, targets: Tensor | None = None,
+                doc_ids: Tensor | None = None, *,
                 attention_mask: Tensor | None = None, caches: list[KVCache] | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """``(logits (B, T, N_vocab), loss or None)`` for token ids ``idx (B, T)`` (see the class).
@@ -213,12 +217,18 @@ class MiniGPT(nn.Module):
         if self.check_inputs:
             attention_mask = check_gpt_call(self, idx, targets, attention_mask, caches,
                                             need_weights)
+            if doc_ids is not None:
+                doc_ids = check_packed_call(idx, doc_ids, attention_mask, caches)
         c, time = self.config, idx.shape[1]
         past = 0 if caches is None else caches[0].length  # cached positions before idx
         positions = torch.arange(past, past + time, device=idx.device)  # (T,)
         windowed = c.window is not None and c.window < past + time
         mask = None  # plain causal self-attention: is_causal=True, FlashAttention-eligible
-        if attention_mask is not None or past or windowed:
+        if doc_ids is not None:  # packed documents: attention and positions stay in each one
+            same = doc_ids[:, None, :, None] == doc_ids[:, None, None, :]  # (B, 1, T, T)
+            mask = self.allowed[:time, :time] & same  # (B, 1, T, T)
+            positions = document_positions(doc_ids)  # (B, T)
+        elif attention_mask is not None or past or windowed:
             mask = self.allowed[past:past + time, :past + time]  # (T, T_cache + T)
             if attention_mask is not None:  # no pad key; positions count real tokens only
                 mask = mask & attention_mask[:, None, None, :]  # (B, 1, T, T_cache + T)

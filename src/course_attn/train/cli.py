@@ -43,7 +43,7 @@ import torch
 from ..core.attention import ATTENTION_IMPLS
 from ..core.layers import ACTIVATIONS, NORMS
 from ..data.tasks import TASKS, make_task
-from ..data.text import CharCorpus, default_corpus, load_text
+from ..data.text import CharCorpus, PackedCorpus, default_corpus, load_text
 from ..env import pick_device
 from ..models.gpt import POS_ENCODINGS, GPTConfig, MiniGPT
 from .checkpoint import check_checkpoint_path, check_checkpoint_room, load_checkpoint
@@ -190,6 +190,22 @@ def _count(text: str) -> int:
     return value
 
 
+def _separator(text: str) -> str:
+    """The type of ``--pack-documents``: a non-empty separator, ``\\n``, ``\\t`` and ``\\\\``
+    read as a newline, a tab and a backslash (a blank line is hard to type in a shell)."""
+    escapes = {"n": "\n", "t": "\t", "\\": "\\"}
+    out, chars = [], iter(text)
+    for char in chars:
+        if char == "\\":
+            char = escapes.get(next(chars, ""), "")
+            if not char:
+                raise argparse.ArgumentTypeError(f"{text!r}: only \\n, \\t and \\\\ are escapes")
+        out.append(char)
+    if not out:
+        raise argparse.ArgumentTypeError("the separator must not be empty")
+    return "".join(out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m course_attn.train``."""
     parser = argparse.ArgumentParser(
@@ -203,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: the offline standard-library corpus)")
     source.add_argument("--task", choices=sorted(TASKS),
                         help="a synthetic task with a known best loss instead of text")
+    parser.add_argument("--pack-documents", nargs="?", const="\n\n", metavar="SEP",
+                        type=_separator,
+                        help="cut the text into documents at each SEP (default: a blank line, "
+                             "\\n\\n: Tiny Shakespeare's speeches; \\n, \\t and \\\\ "
+                             "are read as escapes) and keep attention and positions inside "
+                             "each document of a row: chapter 11's document mask")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
                         help="model and training sizes (default: cpu; gpu = nanoGPT baby GPT)")
     group = parser.add_argument_group("overrides of the preset")
@@ -323,6 +345,9 @@ def _load_data(parser: argparse.ArgumentParser, args: argparse.Namespace,
                model_config: GPTConfig) -> tuple[BatchSource, GPTConfig, dict[str, Any]]:
     """The task or text to train on, the model config that fits it, and the run's meta."""
     if args.task is not None:
+        if args.pack_documents is not None:
+            parser.error(f"--pack-documents cuts a text into documents; the {args.task} task's "
+                         "sequences are not a text")
         task = make_task(args.task)
         if args.context_length is not None and args.context_length != task.context_length:
             parser.error(f"--context-length {args.context_length}: the {args.task} task fixes it "
@@ -332,15 +357,18 @@ def _load_data(parser: argparse.ArgumentParser, args: argparse.Namespace,
                                          context_length=task.context_length), meta
     try:
         text = load_text(args.data) if args.data is not None else default_corpus()
-        corpus = CharCorpus.from_text(text)
+        corpus = (CharCorpus.from_text(text) if args.pack_documents is None
+                  else PackedCorpus.from_text(text, args.pack_documents))
     except (FileNotFoundError, ValueError) as error:
-        parser.error(f"--data {args.data!r}: {error}")
+        parser.error(f"--data {args.data!r}" + (f" --pack-documents {args.pack_documents!r}"
+                     if args.pack_documents is not None else "") + f": {error}")
     if len(corpus.val_data) <= model_config.context_length:
         parser.error(f"--data {args.data!r}: the text is too short for --context-length "
                      f"{model_config.context_length} (its validation tenth has "
                      f"{len(corpus.val_data)} characters)")
     meta = {"tokenizer_chars": corpus.tokenizer.chars,
-            "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+            "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "document_separator": args.pack_documents}
     return corpus, dataclasses.replace(model_config, vocab_size=corpus.vocab_size), meta
 
 
@@ -434,7 +462,7 @@ def _report(args: argparse.Namespace, model: MiniGPT, data: BatchSource, config:
           f"({result.ms_per_iter:.1f} ms/iter, {result.tokens_per_s:,.0f} tokens/s)")
     if "loss_floor" in meta:
         print(f"best achievable loss of the task: {meta['loss_floor']:.4f}")
-    if isinstance(data, CharCorpus) and args.samples:
+    if isinstance(data, CharCorpus | PackedCorpus) and args.samples:
         tokenizer = data.tokenizer
         prompt = data.train_data[:1].unsqueeze(0).to(next(model.parameters()).device)  # (1, 1)
         generator = torch.Generator(device=prompt.device).manual_seed(config.seed)

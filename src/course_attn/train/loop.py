@@ -92,11 +92,12 @@ MAX_SEED = 2**63 - 1
 
 
 class BatchSource(Protocol):
-    """Anything that hands out ``(x, y)`` batches: a :class:`CharCorpus` or a task."""
+    """Anything that hands out ``(x, y)`` batches (a :class:`CharCorpus` or a task), or
+    ``(x, y, doc_ids)`` ones (a ``PackedCorpus``): a batch unpacks into the model's call."""
 
     def get_batch(self, split: str, batch_size: int, context_length: int, *,
                   generator: torch.Generator | None = None,
-                  device: torch.device | str | None = None) -> tuple[Tensor, Tensor]: ...
+                  device: torch.device | str | None = None) -> tuple[Tensor, ...]: ...
 
 
 class _Objective(NamedTuple):

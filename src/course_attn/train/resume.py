@@ -22,7 +22,7 @@ RESUME_MAY_CHANGE = ("device", "amp", "compile", "progress", "log_interval")
 #: A run may also change ``batch_size`` and ``grad_accum`` along with its number of
 #: processes, when the global batch ``batch_size * grad_accum * processes`` stays the same.
 #: Keys of ``meta`` that say which data a run trains on; a resumed run must agree on them.
-_DATA_IDENTITY = ("tokenizer_chars", "text_sha256", "task")
+_DATA_IDENTITY = ("tokenizer_chars", "text_sha256", "task", "document_separator")
 
 
 def _schedule(config: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
