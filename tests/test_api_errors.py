@@ -98,6 +98,7 @@ EXEMPT = {
     ("FlexFallbackWarning", TypeError): "a warning class: raised by the package, not called",
     ("FlexFallbackWarning", ValueError): "a warning class: raised by the package, not called",
     ("Cache", TypeError): "a typing.Protocol: never instantiated",
+    ("viz.raise_small_text", ValueError): "its one argument is a figure: any figure is valid",
     ("Cache", ValueError): "a typing.Protocol: never instantiated",
 }
 
@@ -481,6 +482,7 @@ case("SelfAttention.forward", "need_weights", TypeError, lambda: SA(Q, need_weig
 
 # ------------------------------------------------------------------------ viz
 case("viz.plot_attention", "weights", TypeError, lambda: viz.plot_attention("abc"))
+case("viz.raise_small_text", "figure", TypeError, lambda: viz.raise_small_text("fig"))
 case("viz.plot_attention", "weights", ValueError, lambda: viz.plot_attention(torch.ones(3)))
 case("viz.plot_attention", "x_labels", TypeError, lambda: viz.plot_attention(W2, x_labels=3))
 case("viz.plot_attention", "y_labels", ValueError, lambda: viz.plot_attention(W2, y_labels="ab"))

@@ -132,6 +132,8 @@ def raise_small_text(figure: Figure) -> Figure:
     they are shown (:func:`use_sharp_figures`), and so do a widget's figures drawn ahead;
     text already large enough is left as it is.
     """
+    if not isinstance(figure, Figure):
+        raise TypeError(f"figure must be a matplotlib Figure, got {type(figure).__name__}")
     for _ in range(8):  # larger text may widen the tight box: measure again until it holds
         figure.draw_without_rendering()
         box = figure.get_tightbbox()
