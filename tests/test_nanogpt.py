@@ -1,9 +1,11 @@
 """nanoGPT's model as the yardstick of chapter 11 (course_attn.lab.nanogpt).
 
 It is nanoGPT's GPT-2 layout, so it has exactly MiniGPT's parameters for the same sizes and
-bias setting, and its loss is nanoGPT's mean cross-entropy. A training step of MiniGPT may
-dispatch at most the five operators more that its loss spends on a batch whose targets are
-all left out (a loss of 0 where a plain mean gives 0/0 = NaN): issue 42's budget.
+bias setting, and its loss is nanoGPT's mean cross-entropy. A training step of MiniGPT
+dispatches at most nanoGPT's operators (issue 42's budget), though its loss spends five more
+on a batch whose targets are all left out (a loss of 0 where a plain mean gives 0/0 = NaN):
+the fused projection splits q, k and v into heads with three operators where nanoGPT's
+split-view-transpose takes seven.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def test_forward_and_loss():
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_training_step_of_minigpt_costs_at_most_nanogpts_plus_the_loss_guard(bias):
+def test_a_training_step_of_minigpt_costs_at_most_nanogpts_operators(bias):
     def step_ops(model: torch.nn.Module) -> int:
         with torch.device("meta"):
             idx = torch.randint(65, (4, 32))
@@ -62,4 +64,4 @@ def test_a_training_step_of_minigpt_costs_at_most_nanogpts_plus_the_loss_guard(b
     course, nano = pair(bias, dropout=0.2, device="meta")
     course.train()
     nano.train()
-    assert step_ops(course) - step_ops(nano) <= 5
+    assert step_ops(course) <= step_ops(nano)

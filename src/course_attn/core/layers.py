@@ -175,21 +175,20 @@ class MultiHeadAttention(nn.Module):
         (batch, t_q, _), t_k, hd = query.shape, key.shape[1], self.head_dim
         cached = isinstance(cache, CrossKVCache) and cache.k is not None and cache.v is not None
         if self.qkv_proj is not None:  # self-attention: q, k and v from one matmul
-            # (B, T, D + 2 kv_width) -> (B, T, D), (B, T, kv_width), (B, T, kv_width)
-            q, k, v = self.qkv_proj(query).split((self.d_model, self.kv_width, self.kv_width), -1)
+            q, k, v = self._fused_heads(query)  # (B, H, T, hd), (B, H_kv, T, hd) twice
         else:
             assert self.q_proj is not None and self.k_proj is not None and self.v_proj is not None
-            q = self.q_proj(query)  # (B, T_q, D)
+            q = self.q_proj(query).view(batch, t_q, self.n_heads, hd)  # (B, T_q, H, hd)
+            q = q.transpose(1, 2)  # (B, H, T_q, hd)
             if not cached:  # the memory's keys and values are projected at step one only
-                k, v = self.k_proj(key), self.v_proj(value)  # (B, T_k, kv_width) each
-        q = q.view(batch, t_q, self.n_heads, hd).transpose(1, 2)  # (B, H, T_q, hd)
+                k = self.k_proj(key).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
+                v = self.v_proj(value).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
+                k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, H_kv, T_k, hd) each
         if rotate is not None:  # RoPE: a query is turned by its position
             q = rotate(q)
         if cached:
-            k, v = cache.k, cache.v  # type: ignore[union-attr]  # (B, H_kv, T_k, hd)
+            k, v = cache.k, cache.v  # type: ignore[union-attr,assignment]  # (B, H_kv, T_k, hd)
         else:
-            k = k.view(batch, t_k, self.n_kv_heads, hd).transpose(1, 2)  # (B, H_kv, T_k, hd)
-            v = v.view(batch, t_k, self.n_kv_heads, hd).transpose(1, 2)  # (B, H_kv, T_k, hd)
             if rotate is not None:  # RoPE: a key is turned by its own position, once, then cached
                 k = rotate(k)
             if cache is not None:  # a KVCache appends them; a CrossKVCache keeps the memory's
@@ -202,6 +201,27 @@ class MultiHeadAttention(nn.Module):
                               dropout_p=self.dropout if self.training else 0.0)  # (B, H, T_q, hd)
         out = out.transpose(1, 2).reshape(batch, t_q, self.d_model)  # (B, T_q, H * hd)
         return self.out_proj(out), weights if need_weights else None
+
+    def _fused_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q ``(B, H, T, hd)``, k and v ``(B, H_kv, T, hd)`` of ``x (B, T, D)`` from ``qkv_proj``.
+
+        With as many key/value heads as query heads, one ``view``, one ``permute`` and one
+        ``unbind`` split all three into heads: 3 operators where splitting first and then
+        viewing and transposing each takes 7, and as many fewer in the backward pass (each
+        is a kernel launch's worth of host time on a GPU, issue 42). With fewer key/value
+        heads (GQA) the widths differ, and each is split on its own.
+        """
+        assert self.qkv_proj is not None
+        (batch, time, _), hd = x.shape, self.head_dim
+        qkv = self.qkv_proj(x)  # (B, T, D + 2 kv_width)
+        if self.n_kv_heads == self.n_heads:  # rows: all of q's heads, then k's, then v's
+            qkv = qkv.view(batch, time, 3, self.n_heads, hd)  # (B, T, 3, H, hd)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (3, B, H, T, hd) -> 3 x (B, H, T, hd)
+            return q, k, v
+        q, k, v = qkv.split((self.d_model, self.kv_width, self.kv_width), -1)
+        return (q.view(batch, time, self.n_heads, hd).transpose(1, 2),  # (B, H, T, hd)
+                k.view(batch, time, self.n_kv_heads, hd).transpose(1, 2),  # (B, H_kv, T, hd)
+                v.view(batch, time, self.n_kv_heads, hd).transpose(1, 2))  # (B, H_kv, T, hd)
 
 
 def _fuse_qkv_state(module: nn.Module, state_dict: dict, prefix: str, *_: object) -> None:
