@@ -365,7 +365,15 @@ def check_token_ids(value: object, name: str, vocab_size: int, *,
     if value.dim() != 2 or value.shape[0] == 0 or value.shape[1] == 0:
         raise ValueError(f"{name} must have shape (B, T) with B >= 1 and T >= 1, "
                          f"got {tuple(value.shape)}")
-    if values_checkable(value) and value.numel():
+    if values_checkable(value) and value.numel() and ignore_index in (None, -1):
+        # one reduction and one read for both ends (a training step pays this twice)
+        low, high = torch.aminmax(value)
+        low_ok = int(low) >= (0 if ignore_index is None else -1)
+        if not (low_ok and int(high) < vocab_size):
+            allowed = "" if ignore_index is None else f" or {ignore_index} (ignored)"
+            raise ValueError(f"{name} must hold token ids in [0, vocab_size={vocab_size})"
+                             f"{allowed}, got values in [{int(low)}, {int(high)}]")
+    elif values_checkable(value) and value.numel():
         bad = (value < 0) | (value >= vocab_size)
         if ignore_index is not None:
             bad &= value != ignore_index

@@ -272,8 +272,12 @@ class FeedForward(nn.Module):
         h = self.linear1(x)  # (..., d_ff), or (..., 2 d_ff) for SwiGLU
         if self.gated:  # SwiGLU: silu(x W_gate) * (x W_value)
             gate, value = h.chunk(2, dim=-1)  # each (..., d_ff)
-            return self.linear2(self.dropout(self.activation(gate) * value))  # (..., D)
-        return self.linear2(self.dropout(self.activation(h)))  # (..., D)
+            h = self.activation(gate) * value  # (..., d_ff)
+        else:
+            h = self.activation(h)  # (..., d_ff)
+        if self.dropout.p:  # GPT-2 and nanoGPT have none here: skip the call (host time)
+            h = self.dropout(h)
+        return self.linear2(h)  # (..., D)
 
 
 def make_norm(kind: str, d_model: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:
@@ -399,23 +403,27 @@ class TransformerBlock(nn.Module):
             attention_mask, mask, memory_attention_mask = check_block_call(
                 self, x, attention_mask, mask, is_causal, memory, memory_attention_mask, cache,
                 cross_cache, need_weights)
-        self_attention = {"attention_mask": attention_mask, "mask": mask, "is_causal": is_causal,
-                          "cache": cache, "need_weights": need_weights, "rotate": rotate,
-                          "bias": bias}
-        memory_mask = (None if memory_attention_mask is None
-                       else memory_attention_mask[:, None, None, :])  # (B, T_m) -> (B, 1, 1, T_m)
-        cross_attention = {"mask": memory_mask, "cache": cross_cache, "need_weights": need_weights}
+        def self_attention(h: Tensor) -> Tensor:
+            return self.self_attn(h, attention_mask=attention_mask, mask=mask,
+                                  is_causal=is_causal, cache=cache, need_weights=need_weights,
+                                  rotate=rotate, bias=bias)[0]  # (B, T, D)
+
+        def cross_attention(h: Tensor) -> Tensor:
+            assert self.cross_attn is not None
+            memory_mask = (None if memory_attention_mask is None  # (B, T_m) -> (B, 1, 1, T_m)
+                           else memory_attention_mask[:, None, None, :])
+            return self.cross_attn(h, memory, memory, mask=memory_mask, cache=cross_cache,
+                                   need_weights=need_weights)[0]  # (B, T, D)
+
         if self.norm_first:  # pre-norm: the residual stream itself is never normalised
-            x = x + self.dropout(self.self_attn(self.norm1(x), **self_attention)[0])
+            x = x + self.dropout(self_attention(self.norm1(x)))
             if self.cross_attn is not None and self.norm3 is not None:
-                h = self.norm3(x)
-                x = x + self.dropout(self.cross_attn(h, memory, memory, **cross_attention)[0])
+                x = x + self.dropout(cross_attention(self.norm3(x)))
             return x + self.dropout(self.ff(self.norm2(x)))
         # post-norm: each sublayer's sum is normalised, and the next sublayer reads it
-        x = self.norm1(x + self.dropout(self.self_attn(x, **self_attention)[0]))
+        x = self.norm1(x + self.dropout(self_attention(x)))
         if self.cross_attn is not None and self.norm3 is not None:
-            x = self.norm3(x + self.dropout(self.cross_attn(x, memory, memory,
-                                                            **cross_attention)[0]))
+            x = self.norm3(x + self.dropout(cross_attention(x)))
         return self.norm2(x + self.dropout(self.ff(x)))
 
 
