@@ -439,7 +439,8 @@ def test_a_fused_layer_refuses_another_sequence():
 
 
 def test_fused_projection_equals_the_three_to_the_bit_on_integers():
-    """Integer weights and inputs: every product and sum is exact, so nothing may differ."""
+    """Integer weights and inputs: the projections are exact, so both layers get the same q, k
+    and v, and run the same code after them: nothing may differ."""
     torch.manual_seed(3)
     separate = MultiHeadAttention(D_MODEL, N_HEADS).double()
     with torch.no_grad():
