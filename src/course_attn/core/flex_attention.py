@@ -94,7 +94,7 @@ _BLOCK_MASK_CACHE_SIZE = 8
 #: How many kernels (a shape with its mods) the compiled path keeps before torch.compile
 #: gives up and runs FlexAttention uncompiled: dynamo's default, 8, is fewer than one
 #: chapter's masks at a few lengths.
-FLEX_RECOMPILE_LIMIT = 64
+_RECOMPILE_LIMIT = 64
 
 
 class FlexFallbackWarning(UserWarning):
@@ -179,11 +179,11 @@ def flex_kernel(device: torch.device | str, dtype: torch.dtype = torch.float32
 
 
 def _kept(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """``compiled`` run with dynamo's recompile limit raised to :data:`FLEX_RECOMPILE_LIMIT`
+    """``compiled`` run with dynamo's recompile limit raised to :data:`_RECOMPILE_LIMIT`
     (each new mask_mod or shape is a recompilation of the one compiled function)."""
     @functools.wraps(flex_attention)
     def kernel(*args: object, **kwargs: object) -> Tensor:
-        with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT):
+        with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
             return compiled(*args, **kwargs)
     return kernel
 
