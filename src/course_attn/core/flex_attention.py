@@ -181,7 +181,7 @@ def flex_kernel(device: torch.device | str, dtype: torch.dtype = torch.float32
 def _kept(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """``compiled`` run with dynamo's recompile limit raised to :data:`_RECOMPILE_LIMIT`
     (each new mask_mod or shape is a recompilation of the one compiled function)."""
-    @functools.wraps(flex_attention)
+    @functools.wraps(compiled)  # keeps what torch.compile records (the original function)
     def kernel(*args: object, **kwargs: object) -> Tensor:
         with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
             return compiled(*args, **kwargs)
