@@ -388,6 +388,43 @@ def window_tril(t, window):
     return ones.tril() & ~ones.tril(-window)
 
 
+def window_mod_chapter(window):  # chapter 10's solution cell
+    def in_window(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+    return in_window
+
+
+def window_mod_and_masks(window):  # two mods combined by PyTorch's and_masks
+    from torch.nn.attention.flex_attention import and_masks
+
+    return and_masks(ca.causal_mask_mod(), lambda b, h, q, kv: kv + window > q)
+
+
+def window_mod_where(window):  # torch.where, a distance as a tensor
+    return lambda b, h, q, kv: torch.where(q >= kv, (q - kv) < window, torch.tensor(False))
+
+
+def document_mod_chapter(doc_ids):  # chapter 10's solution cell
+    def same_document(b, h, q_idx, kv_idx):
+        return doc_ids[b, q_idx] == doc_ids[b, kv_idx]
+
+    return same_document
+
+
+def document_mod_starts(doc_ids):  # the document's first index: equal starts, one document
+    starts = ca.document_positions(doc_ids)  # (B, T): position within its document
+    first = torch.arange(doc_ids.shape[-1]) - starts  # (B, T): where its document began
+
+    return lambda b, h, q, kv: first[b, q] == first[b, kv]
+
+
+def document_mod_rows(doc_ids):  # one row at a time, ids compared by subtraction
+    rows = [row.clone() for row in doc_ids]
+    table = torch.stack(rows)
+    return lambda b, h, q, kv: (table[b][q] - table[b][kv]) == 0
+
+
 def loss_gather_masked(logits, targets):  # log_softmax and gather, the -1 targets left out
     counted = targets != -1
     log_probs = torch.log_softmax(logits.float() if logits.dtype in (torch.float16,
@@ -566,6 +603,10 @@ CORRECT = {
              ("complex128", rope_complex128)],
     "rope_attention": [("float32", rope_attention_float32), ("pair", rope_attention_pair)],
     "sliding_window_mask": [("chapter", window_chapter), ("tril", window_tril)],
+    "sliding_window_mask_mod": [("chapter", window_mod_chapter),
+                                ("and_masks", window_mod_and_masks), ("where", window_mod_where)],
+    "document_mask_mod": [("chapter", document_mod_chapter), ("starts", document_mod_starts),
+                          ("rows", document_mod_rows)],
     "next_token_loss": [("gather_masked", loss_gather_masked), ("nll", loss_nll),
                         ("classes_second", loss_classes_second)],
     "training_step": [("chapter", step_chapter), ("tensor", step_tensor_set_to_none),

@@ -115,6 +115,14 @@ def sliding_window_mask(t, window):
     return ca.sliding_window_mask(t, window=window)
 
 
+def sliding_window_mask_mod(window):
+    return ca.sliding_window_mask_mod(window)
+
+
+def document_mask_mod(doc_ids):
+    return ca.document_mask_mod(doc_ids)
+
+
 def next_token_loss(logits, targets):
     return package_loss(logits, targets)
 
@@ -151,6 +159,8 @@ SOLUTIONS = {
     "rope": rope,
     "rope_attention": rope_attention,
     "sliding_window_mask": sliding_window_mask,
+    "sliding_window_mask_mod": sliding_window_mask_mod,
+    "document_mask_mod": document_mask_mod,
     "next_token_loss": next_token_loss,
     "training_step": training_step,
 }

@@ -595,6 +595,84 @@ SLIDING_WINDOW_MASK = [
 ]
 
 
+def _window_mod(w, how):
+    def mod(b, h, q_idx, kv_idx):
+        i, j = q_idx, kv_idx
+        if how == "wide":
+            return (j <= i) & (j >= i - w)
+        if how == "narrow":
+            return (j <= i) & (j > i - w + 1)
+        if how == "both_sides":
+            return (i - j).abs() < w
+        if how == "swapped":
+            return (i <= j) & (i > j - w)
+        if how == "fixed":
+            return (j <= i) & (j < w)
+        if how == "no_diagonal":
+            return (j < i) & (i - j <= w)
+        if how == "python_and":
+            return (j <= i) and (j > i - w)
+        if how == "int":
+            return ((j <= i) & (j > i - w)).int()
+        return ~((j <= i) & (j > i - w))  # "inverted"
+    return mod
+
+
+def _returns_tensor(w):  # the tensor mask of Exercise 10.7, not a mask_mod
+    return ca.sliding_window_mask(8, window=w)
+
+
+SLIDING_WINDOW_MASK_MOD = [
+    ("one_too_wide", lambda w: _window_mod(w, "wide"), "kv_idx > q_idx - W"),
+    ("one_too_narrow", lambda w: _window_mod(w, "narrow"), "the query's own included"),
+    ("not_causal", lambda w: _window_mod(w, "both_sides"), "the window is causal"),
+    ("q_and_kv_swapped", lambda w: _window_mod(w, "swapped"), "q_idx and kv_idx are swapped"),
+    ("window_from_the_start", lambda w: _window_mod(w, "fixed"), "moves with the query"),
+    ("diagonal_blocked", lambda w: _window_mod(w, "no_diagonal"), "may attend itself"),
+    ("true_means_blocked", lambda w: _window_mod(w, "inverted"), "True means may attend"),
+    ("python_and", lambda w: _window_mod(w, "python_and"), "combine the comparisons with &"),
+    ("int_mask", lambda w: _window_mod(w, "int"), "boolean mask"),
+    ("returns_the_tensor", _returns_tensor, "write a factory"),
+]
+
+
+def _document_mod(doc_ids, how):
+    def mod(b, h, q_idx, kv_idx):
+        if how == "itself":
+            return doc_ids[b, kv_idx] == doc_ids[b, kv_idx]
+        if how == "row_0":
+            return doc_ids[0][q_idx] == doc_ids[0][kv_idx]
+        if how == "earlier":
+            return doc_ids[b, kv_idx] <= doc_ids[b, q_idx]
+        if how == "causal":
+            return (doc_ids[b, q_idx] == doc_ids[b, kv_idx]) & (kv_idx <= q_idx)
+        if how == "shifted":
+            return doc_ids[b, q_idx] == doc_ids[b, (kv_idx - 1).clamp(min=0)]
+        if how == "python_bool":
+            return True
+        return doc_ids[b, q_idx] != doc_ids[b, kv_idx]  # "inverted"
+    return mod
+
+
+def _document_in_place(doc_ids):
+    doc_ids -= doc_ids[:, :1].clone()  # ids from 0 in each row: the caller's ids changed
+    return lambda b, h, q_idx, kv_idx: doc_ids[b, q_idx] == doc_ids[b, kv_idx]
+
+
+DOCUMENT_MASK_MOD = [
+    ("key_document_read_twice", lambda d: _document_mod(d, "itself"),
+     "compared the query's document with itself"),
+    ("row_0_for_every_row", lambda d: _document_mod(d, "row_0"), "read row b"),
+    ("earlier_documents_allowed", lambda d: _document_mod(d, "earlier"),
+     "its own document only"),
+    ("causal_inside", lambda d: _document_mod(d, "causal"), "not causal"),
+    ("key_read_one_back", lambda d: _document_mod(d, "shifted"), "no shift"),
+    ("true_means_blocked", lambda d: _document_mod(d, "inverted"), "True means may attend"),
+    ("python_true", lambda d: _document_mod(d, "python_bool"), "not a Python True"),
+    ("ids_changed_in_place", _document_in_place, "in place"),
+]
+
+
 def _loss(logits, targets, how):
     flat, t = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
     if how == "sum":
@@ -995,6 +1073,8 @@ CATALOGUE = {
     "rope": ROPE,
     "rope_attention": ROPE_ATTENTION,
     "sliding_window_mask": SLIDING_WINDOW_MASK,
+    "sliding_window_mask_mod": SLIDING_WINDOW_MASK_MOD,
+    "document_mask_mod": DOCUMENT_MASK_MOD,
     "next_token_loss": NEXT_TOKEN_LOSS,
     "training_step": TRAINING_STEP,
 }

@@ -229,4 +229,4 @@ def test_the_command_runs_as_python_dash_m(tmp_path):
     for code in ("0 every check run passed", "1 one failed", "2 usage error",
                  "3 FILE cannot be imported", "130 interrupted"):
         assert code in help_text
-    assert len(CHECKS) == 24
+    assert len(CHECKS) == 26

@@ -235,3 +235,19 @@ def test_the_kernel_reads_the_course_convention_true_means_may_attend(monkeypatc
     pick[torch.arange(T), torch.arange(T).flip(0)] = True  # query i sees key T - 1 - i only
     out, _ = attention(q, k, v, pick, impl="flex")
     assert_close(out, v.flip(-2))
+
+
+@pytest.mark.skipif(flex.flex_compile_problem("cpu") is not None, reason="no C++ compiler")
+def test_the_compiled_kernel_outlives_dynamos_default_of_eight_recompilations(monkeypatch):
+    # each new mask_mod or shape recompiles the one compiled flex_attention; past dynamo's
+    # default limit (8) it would run uncompiled, silently slower (chapter 10 compiles more)
+    limits = []
+
+    def fake_compile(fn, **options):
+        return lambda *args, **kwargs: limits.append(torch._dynamo.config.recompile_limit)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(flex, "_COMPILED", {})
+    flex.flex_kernel("cpu")(None, None, None)
+    assert limits and limits[0] >= 32
+    assert torch._dynamo.config.recompile_limit == 8  # raised for the call only

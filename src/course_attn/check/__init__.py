@@ -43,7 +43,8 @@ The checks, by chapter (what the learner writes, in brackets):
 * 9 ``online_merge`` (``fn(m_a, l_a, acc_a, m_b, l_b, acc_b)``), ``tile_step``
   (``fn(m, l, acc, q, k, v)``)
 * 10 ``rope`` (``fn(x, positions)``), ``rope_attention`` (``fn(q, k, v, positions)``),
-  ``sliding_window_mask`` (``fn(t, window)``)
+  ``sliding_window_mask`` (``fn(t, window)``), ``sliding_window_mask_mod``
+  (``fn(window)``, returning a mask_mod), ``document_mask_mod`` (``fn(doc_ids)``, the same)
 * 11 ``next_token_loss`` (``fn(logits, targets)``), ``training_step`` (``fn(model,
   optimizer, x, y)``)
 """
@@ -59,7 +60,13 @@ from .decoding import kv_cache_step, positions
 from .efficient import online_merge, tile_step
 from .heads import merge_heads, multi_head_attention, split_heads
 from .masks import causal_mask, masked_attention, padding_mask
-from .modern import rope, rope_attention, sliding_window_mask
+from .modern import (
+    document_mask_mod,
+    rope,
+    rope_attention,
+    sliding_window_mask,
+    sliding_window_mask_mod,
+)
 from .projections import attention, attention_scores, qkv_projection, self_attention_layer
 from .report import CheckResult, Failure
 from .runner import Check
@@ -77,6 +84,7 @@ __all__ = [
     "attention_pool",
     "attention_scores",
     "causal_mask",
+    "document_mask_mod",
     "kv_cache_step",
     "masked_attention",
     "merge_heads",
@@ -93,6 +101,7 @@ __all__ = [
     "self_attention_layer",
     "sinusoidal_table",
     "sliding_window_mask",
+    "sliding_window_mask_mod",
     "softmax",
     "split_heads",
     "tile_step",
@@ -123,6 +132,8 @@ CHECKS: dict[str, Callable[..., CheckResult]] = {
     "rope": rope,
     "rope_attention": rope_attention,
     "sliding_window_mask": sliding_window_mask,
+    "sliding_window_mask_mod": sliding_window_mask_mod,
+    "document_mask_mod": document_mask_mod,
     "next_token_loss": next_token_loss,
     "training_step": training_step,
 }
@@ -176,6 +187,9 @@ SIGNATURES: dict[str, str] = {
     "rope": "rope(x, positions) -> rotated",
     "rope_attention": "rope_attention(q, k, v, positions) -> out",
     "sliding_window_mask": "sliding_window_mask(t, window) -> mask",
+    "sliding_window_mask_mod": "sliding_window_mask_mod(window) -> mask_mod(b, h, q_idx, "
+                               "kv_idx)",
+    "document_mask_mod": "document_mask_mod(doc_ids) -> mask_mod(b, h, q_idx, kv_idx)",
     "next_token_loss": "next_token_loss(logits, targets) -> loss",
     "training_step": "training_step(model, optimizer, x, y) -> loss",
 }

@@ -1,4 +1,5 @@
-"""Checks for chapter 10: rotary position embeddings and the sliding-window mask.
+"""Checks for chapter 10: rotary position embeddings, the sliding-window mask, and the
+sliding-window and document masks written as FlexAttention mask_mods.
 
 RoPE here is the chapter's convention: *interleaved* pairs ``(x[2i], x[2i+1])`` turned by
 ``position / 10000^(2i / d)`` radians, as in the RoFormer paper (section 10.1). The usual
@@ -9,11 +10,16 @@ tolerance, with positions small enough (at most 15) for that rounding to stay be
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn.attention.flex_attention import and_masks, create_mask
 
 from ..core.attention import scaled_dot_product_attention as reference_attention
+from ..core.flex_attention import causal_mask_mod
+from ..modern.mask_mods import document_mask_mod as reference_document_mod
+from ..modern.mask_mods import sliding_window_mask_mod as reference_window_mod
 from ..modern.rope import apply_rope as reference_rope
 from ..modern.rope import sinusoid_angles
 from ..modern.sliding_window import sliding_window_mask as reference_window
@@ -23,7 +29,8 @@ from .report import CheckResult, section
 from .runner import Case, Check, Harness, Inputs, Mistake, Property, args, call, run_check
 from .values import EXACT, FLOAT32, show
 
-__all__ = ["rope", "rope_attention", "sliding_window_mask"]
+__all__ = ["document_mask_mod", "rope", "rope_attention", "sliding_window_mask",
+           "sliding_window_mask_mod"]
 
 
 def _rope_variant(how: str) -> Callable[[Tensor, Tensor], Tensor]:
@@ -285,3 +292,191 @@ def sliding_window_mask(fn: Callable[[int, int], Tensor]) -> CheckResult:
     last ``window`` positions, itself included (section 10.4).
     """
     return run_check(SLIDING_WINDOW_MASK, fn)
+
+
+# ------------------------------------------- sliding_window_mask_mod, document_mask_mod
+
+MASK_MOD_ERRORS = (
+    ("data-dependent control flow",
+     f"FlexAttention calls a mask_mod on tensors (through torch.vmap), so it cannot take a "
+     f"Python if, and or or on them: combine the comparisons with & and | "
+     f"({section('10.8')})"),
+    ("must only return Tensors",
+     f"a mask_mod returns a bool tensor built from q_idx and kv_idx (a comparison), not a "
+     f"Python True or False ({section('10.8')})"),
+    ("must return a mask_mod",
+     f"write a factory: your function takes the mask's parameter and returns a mask_mod, "
+     f"a function (b, h, q_idx, kv_idx) -> bool tensor ({section('10.8')})"),
+)
+
+
+def _mask_of(n_b: int, n_h: int, t: int) -> Harness:
+    """The ``(n_b, n_h, t, t)`` mask a factory's mask_mod gives, evaluated as FlexAttention
+    evaluates it (``create_mask``, through ``torch.vmap``); ``and_with`` ANDs another mod."""
+    def harness(fn: Any, positional: tuple[Any, ...], keyword: dict[str, Any]) -> object:
+        mod = fn(*positional, **keyword)
+        if not callable(mod):
+            raise TypeError(f"your function must return a mask_mod (a function of b, h, "
+                            f"q_idx, kv_idx), got {type(mod).__name__}")
+        return create_mask(mod, n_b, n_h, t, t, device="cpu")
+    return harness
+
+
+def _causal_and(inner: Harness) -> Harness:
+    """``inner`` with the factory's mod ANDed with the causal mask_mod (``and_masks``)."""
+    def harness(fn: Any, positional: tuple[Any, ...], keyword: dict[str, Any]) -> object:
+        def combined(*a: Any, **k: Any) -> Any:
+            mod = fn(*a, **k)
+            return and_masks(causal_mask_mod(), mod) if callable(mod) else mod
+        return inner(combined, positional, keyword)
+    return harness
+
+
+def _window_mod(window: int, how: str) -> Callable[..., Tensor]:
+    """A sliding-window mask_mod with one known mistake ``how``."""
+    def mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        i, j = q_idx, kv_idx
+        return {"wide": (j <= i) & (j >= i - window), "narrow": (j <= i) & (j > i - window + 1),
+                "both_sides": (i - j).abs() < window, "future": i - j < window,
+                "no_diagonal": (j < i) & (j >= i - window), "inverted": (j > i) | (j <= i - window),
+                "swapped": (i <= j) & (i > j - window), "fixed": (j <= i) & (j < window)}[how]
+    return mod
+
+
+WINDOW_MOD_MISTAKES = (
+    Mistake(lambda window: _window_mod(window, "inverted"),
+            f"True means may attend: your mask_mod is True where attention is blocked "
+            f"({section('5.7')})"),
+    Mistake(lambda window: _window_mod(window, "wide"),
+            f"window off by one: a window of W holds W keys, kv_idx from q_idx - W + 1 to "
+            f"q_idx, so kv_idx > q_idx - W ({section('10.4')})"),
+    Mistake(lambda window: _window_mod(window, "narrow"),
+            f"window off by one: a window of W holds W keys, the query's own included "
+            f"({section('10.4')})"),
+    Mistake(lambda window: _window_mod(window, "both_sides"),
+            f"the window is causal: keys after the query stay blocked, kv_idx <= q_idx "
+            f"({section('10.4')})"),
+    Mistake(lambda window: _window_mod(window, "future"),
+            f"the window is causal: keys after the query stay blocked, kv_idx <= q_idx "
+            f"({section('10.4')})"),
+    Mistake(lambda window: _window_mod(window, "no_diagonal"),
+            f"the query may attend itself: kv_idx == q_idx is allowed ({section('10.4')})"),
+    Mistake(lambda window: _window_mod(window, "swapped"),
+            f"q_idx and kv_idx are swapped: your window looks ahead of the query; q_idx is "
+            f"the query's position, kv_idx the key's ({section('10.8')})"),
+    Mistake(lambda window: _window_mod(window, "fixed"),
+            f"the window moves with the query: compare kv_idx with q_idx - window, not with "
+            f"window alone ({section('10.4')})"),
+)
+WINDOW_MOD_HINT = ("the mod returns (kv_idx <= q_idx) & (kv_idx > q_idx - window): the last "
+                   "`window` keys, the query's own included")
+
+
+def _window_mod_case(plan: str, n_b: int, n_h: int, t: int, window: int) -> Case:
+    return Case(plan, lambda: args(window), f"window = {window}; the mask_mod evaluated by "
+                f"create_mask for (B, H, T_q, T_k) = ({n_b}, {n_h}, {t}, {t})",
+                WINDOW_MOD_HINT, "10.8", EXACT, _mask_of(n_b, n_h, t))
+
+
+SLIDING_WINDOW_MASK_MOD = Check("sliding_window_mask_mod", reference_window_mod, (
+    _window_mod_case("T = 8, window 3: query q_idx may attend keys q_idx - 2 to q_idx",
+                     1, 1, 8, 3),
+    *(_window_mod_case("window 1 (itself only), window = T (the causal mask) and a window "
+                       "longer than T", 1, 1, 8, w) for w in (1, 8, 12)),
+    _window_mod_case("2 rows and 3 heads: the same window for every b and h", 2, 3, 8, 3),
+    _window_mod_case("a single position, T = 1", 1, 1, 1, 2),
+), params=("window",), mistakes=WINDOW_MOD_MISTAKES, errors=MASK_MOD_ERRORS)
+
+
+def sliding_window_mask_mod(fn: Callable[[int], Callable[..., Tensor]]) -> CheckResult:
+    """Check a sliding-window mask_mod factory, ``fn(window) -> mask_mod`` (Chapter 10).
+
+    The mask_mod ``(b, h, q_idx, kv_idx) -> bool tensor`` is ``True`` (may attend) when
+    ``q_idx - window < kv_idx <= q_idx``, as ``sliding_window_mask`` (section 10.4), for
+    every row ``b`` and head ``h``. It is evaluated as FlexAttention evaluates it, by
+    ``create_mask`` through ``torch.vmap`` (section 10.8): elementwise torch code, no
+    Python ``if`` on its arguments.
+    """
+    return run_check(SLIDING_WINDOW_MASK_MOD, fn)
+
+
+def _document_mod(doc_ids: Tensor, how: str) -> Callable[..., Tensor]:
+    """A document mask_mod with one known mistake ``how``."""
+    def mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        doc_q, doc_kv = doc_ids[b, q_idx], doc_ids[b, kv_idx]
+        if how == "itself":  # the query's document read twice
+            return doc_q == doc_ids[b, q_idx]
+        if how == "row_0":  # every row read as the first
+            return doc_ids[0, q_idx] == doc_ids[0, kv_idx]
+        if how == "earlier":  # its own document and every earlier one
+            return doc_kv <= doc_q
+        if how == "causal":
+            return (doc_q == doc_kv) & (kv_idx <= q_idx)
+        if how == "inverted":
+            return doc_q != doc_kv
+        return doc_q == doc_ids[b, (kv_idx - 1).clamp(min=0)]  # "shifted": key read one back
+    return mod
+
+
+DOCUMENT_MOD_MISTAKES = (
+    Mistake(lambda doc_ids: _document_mod(doc_ids, "inverted"),
+            f"True means may attend: your mask_mod is True between different documents "
+            f"({section('5.7')})"),
+    Mistake(lambda doc_ids: _document_mod(doc_ids, "itself"),
+            f"you compared the query's document with itself, so every key is allowed: "
+            f"compare doc_ids[b, q_idx] with the key's, doc_ids[b, kv_idx] "
+            f"({section('10.8')})"),
+    Mistake(lambda doc_ids: _document_mod(doc_ids, "shifted"),
+            f"read each token's document at its own index: doc_ids[b, q_idx] for the query "
+            f"and doc_ids[b, kv_idx] for the key, with no shift ({section('10.8')})"),
+    Mistake(lambda doc_ids: _document_mod(doc_ids, "row_0"),
+            f"read row b of doc_ids: each row of a batch is packed with its own documents "
+            f"({section('10.8')})"),
+    Mistake(lambda doc_ids: _document_mod(doc_ids, "earlier"),
+            f"a token attends its own document only, doc_ids equal: with <= it also attends "
+            f"every earlier document, whose tokens belong to another text "
+            f"({section('10.8')})"),
+    Mistake(lambda doc_ids: _document_mod(doc_ids, "causal"),
+            f"the document mask alone is not causal: a decoder ANDs it with the causal "
+            f"mask, and_masks(causal_mask_mod(), mod) ({section('10.8')})"),
+)
+DOCUMENT_MOD_HINT = ("the mod returns doc_ids[b, q_idx] == doc_ids[b, kv_idx]: a query may "
+                     "attend the keys of its own document, none of another")
+
+
+def _document_mod_case(plan: str, doc_ids: list[list[int]], n_h: int = 1,
+                       causal: bool = False) -> Case:
+    n_b, t = len(doc_ids), len(doc_ids[0])
+    harness = _mask_of(n_b, n_h, t)
+    how = ", ANDed with causal_mask_mod() by and_masks" if causal else ""
+    return Case(plan, lambda: args(torch.tensor(doc_ids)),
+                f"doc_ids = {doc_ids}; the mask_mod{how} evaluated by create_mask for (B, H, "
+                f"T_q, T_k) = ({n_b}, {n_h}, {t}, {t})", DOCUMENT_MOD_HINT, "10.8", EXACT,
+                _causal_and(harness) if causal else harness)
+
+
+DOCUMENT_MASK_MOD = Check("document_mask_mod", reference_document_mod, (
+    _document_mod_case("one row of three documents, lengths 3, 2 and 3: three blocks on the "
+                       "diagonal", [[0, 0, 0, 1, 1, 2, 2, 2]]),
+    _document_mod_case("two rows packed differently: the mod reads row b",
+                       [[0, 0, 0, 1, 1, 2, 2, 2], [0, 1, 1, 1, 1, 1, 2, 2]]),
+    _document_mod_case("2 rows and 3 heads: the same mask for every head",
+                       [[0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1]], n_h=3),
+    _document_mod_case("one document (every key allowed) and ids that do not start at 0",
+                       [[0, 0, 0, 0, 0], [4, 4, 7, 7, 9]]),
+    _document_mod_case("a decoder's mask on packed rows: ANDed with the causal mask_mod",
+                       [[0, 0, 0, 1, 1, 2, 2, 2]], causal=True),
+    _document_mod_case("a single token, T = 1", [[3]]),
+), params=("doc_ids",), mistakes=DOCUMENT_MOD_MISTAKES, errors=MASK_MOD_ERRORS)
+
+
+def document_mask_mod(fn: Callable[[Tensor], Callable[..., Tensor]]) -> CheckResult:
+    """Check a document mask_mod factory, ``fn(doc_ids) -> mask_mod`` (Chapter 10).
+
+    ``doc_ids (B, T)`` numbers the document of each token of packed rows (never decreasing
+    along a row). The mask_mod ``(b, h, q_idx, kv_idx) -> bool tensor`` is ``True`` (may
+    attend) when the query and the key lie in the same document of row ``b``, for every
+    head, and is not causal by itself (section 10.8). It is evaluated by ``create_mask``
+    through ``torch.vmap``; ``doc_ids`` must not be changed.
+    """
+    return run_check(DOCUMENT_MASK_MOD, fn)

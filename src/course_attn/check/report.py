@@ -55,6 +55,7 @@ SECTIONS: dict[str, str] = {
     "9.3": "Tiled attention: the forward pass",
     "10.1": "Rotary position embeddings",
     "10.4": "Sliding-window attention",
+    "10.8": "Masks as code: FlexAttention",
     "11.2": "Part A: a task whose best loss is known exactly",
 }
 

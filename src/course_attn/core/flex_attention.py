@@ -91,6 +91,10 @@ FLEX_COMPILE = True
 #: The smallest padded length and head size: one shape, one kernel, for every tiny test.
 MIN_FLEX_SIZE = 16
 _BLOCK_MASK_CACHE_SIZE = 8
+#: How many kernels (a shape with its mods) the compiled path keeps before torch.compile
+#: gives up and runs FlexAttention uncompiled: dynamo's default, 8, is fewer than one
+#: chapter's masks at a few lengths.
+_RECOMPILE_LIMIT = 64
 
 
 class FlexFallbackWarning(UserWarning):
@@ -170,8 +174,18 @@ def flex_kernel(device: torch.device | str, dtype: torch.dtype = torch.float32
                    "uncompiled path materialises the scores (slower, O(T^2) memory).")
         return _eager_flex
     if device.type not in _COMPILED:
-        _COMPILED[device.type] = torch.compile(flex_attention, dynamic=False)
+        _COMPILED[device.type] = _kept(torch.compile(flex_attention, dynamic=False))
     return _COMPILED[device.type]
+
+
+def _kept(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``compiled`` run with dynamo's recompile limit raised to :data:`_RECOMPILE_LIMIT`
+    (each new mask_mod or shape is a recompilation of the one compiled function)."""
+    @functools.wraps(compiled)  # keeps what torch.compile records (the original function)
+    def kernel(*args: object, **kwargs: object) -> Tensor:
+        with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+            return compiled(*args, **kwargs)
+    return kernel
 
 
 @functools.cache
