@@ -103,3 +103,23 @@ def test_a_notebook_kernel_starts_perturbed():
             client.stop_channels()
             manager.shutdown_kernel(now=True)
     assert "".join(printed).strip() == "1e-06"
+
+
+def test_the_pass_compiles_into_a_kernel_cache_of_its_own(monkeypatch):
+    """A FlexAttention kernel cached by a run at another ATEN_CPU_CAPABILITY gave a wrong
+    answer when loaded under the pass's (torch 2.13): the pass must not share the cache."""
+    import run_nbval
+
+    seen: dict[str, str] = {}
+
+    def call(command, env):
+        seen.update(env)
+        assert Path(env["TORCHINDUCTOR_CACHE_DIR"]).parent.is_dir()  # inside the live temp dir
+        return 0
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(run_nbval.subprocess, "call", call)
+    assert run_nbval.main(["--co"]) == 0
+    cache = Path(seen["TORCHINDUCTOR_CACHE_DIR"])
+    assert cache.name == "inductor" and cache.parent.name.startswith("course_attn_perturbed_")
+    assert not cache.parent.exists()  # removed with the run

@@ -49,6 +49,12 @@ def main(argv: list[str]) -> int:
         env = dict(os.environ, IPYTHONDIR=str(ipython_dir))
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("ATEN_CPU_CAPABILITY", lower_cpu_capability())
+        # Compiled kernels (chapter 10's FlexAttention) in a cache of this run's own. Inductor
+        # picks its vector code from ATEN_CPU_CAPABILITY, but a kernel cached on disk by a run
+        # without it (make notebooks, the unit tests beside this pass) was loaded here and gave
+        # a wrong answer, 2.8 off, reproduced on torch 2.13 with the shared cache and gone with
+        # a fresh one.
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ipython_dir / "inductor"))
         print(f"nbval-perturbed: ATen {env['ATEN_CPU_CAPABILITY']}, "
               f"{env['OMP_NUM_THREADS']} thread(s), random draws and gradients nudged",
               flush=True)
