@@ -1,0 +1,138 @@
+"""What one training step costs the host: operators and milliseconds (Chapter 11, issue 42).
+
+On a GPU every PyTorch operator a step dispatches is one kernel launch, and the Python and
+dispatcher work to issue it is time the GPU waits for when the model is small. Both are
+measured here without a GPU, for ``MiniGPT`` and for nanoGPT's model
+(:class:`~course_attn.lab.nanogpt.NanoGPT`) built with the same layers, heads, dropout and
+bias setting, and the same AdamW (weight decay on matrices only):
+
+* :func:`step_operator_counts`: the aten operators of one step (forward with the loss,
+  backward, AdamW, ``zero_grad(set_to_none=True)``) at the gpu preset's sizes
+  (:data:`GPU_SIZES`) on the ``meta`` device, where nothing is computed: the count depends
+  only on the code, the same on every machine;
+* :func:`step_host_ms`: the median host milliseconds of a step at :data:`TINY_SIZES`, where
+  the arithmetic is negligible, in rounds interleaved between the models.
+
+``benchmarks/host_cost.py`` prints both as a table.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..core.layers import MultiHeadAttention
+from ..models.gpt import GPTConfig, MiniGPT
+from .measure import operator_counts
+from .nanogpt import NanoGPT, NanoGPTConfig
+
+__all__ = ["GPU_SIZES", "TINY_SIZES", "layer_step_operator_counts", "step_batch",
+           "step_host_ms", "step_model", "step_operator_counts", "training_step"]
+
+#: The gpu preset's model and batch (nanoGPT's "baby GPT").
+GPU_SIZES: dict[str, Any] = dict(n_layers=6, n_heads=6, d_model=384, context_length=256,
+                                 batch=64, dropout=0.2)
+#: The same layers at sizes where a step's arithmetic is negligible: what is left is host work.
+TINY_SIZES: dict[str, Any] = dict(GPU_SIZES, d_model=48, context_length=8, batch=1)
+VOCAB = 65  # Tiny Shakespeare's characters
+KINDS = ("course", "nanoGPT")
+
+
+def step_model(kind: str, sizes: dict[str, Any], *, bias: bool, impl: str = "sdpa",
+               device: str = "cpu", foreach: bool = True, nanogpt: tuple[type, type] | None = None
+               ) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """``(model, AdamW)`` on ``device`` in training mode: ``kind`` is ``"course"`` (MiniGPT)
+    or ``"nanoGPT"`` (``nanogpt``'s ``(GPT, GPTConfig)``, by default the package's copy)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    with torch.device(device):
+        if kind == "course":
+            model: nn.Module = MiniGPT(GPTConfig(
+                vocab_size=VOCAB, context_length=sizes["context_length"],
+                n_layers=sizes["n_layers"], n_heads=sizes["n_heads"], d_model=sizes["d_model"],
+                dropout=sizes["dropout"], bias=bias, impl=impl))
+        else:
+            gpt, gpt_config = nanogpt or (NanoGPT, NanoGPTConfig)
+            model = gpt(gpt_config(
+                block_size=sizes["context_length"], vocab_size=VOCAB,
+                n_layer=sizes["n_layers"], n_head=sizes["n_heads"], n_embd=sizes["d_model"],
+                dropout=sizes["dropout"], bias=bias))
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return model.train(), torch.optim.AdamW(groups, lr=1e-3, foreach=foreach)
+
+
+def training_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                  y: torch.Tensor, **call: Any) -> None:
+    """One step as nanoGPT's loop takes it: loss, backward, AdamW, gradients set to None."""
+    _, loss = model(x, y, **call)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def step_batch(sizes: dict[str, Any], device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded batch ``(x, y)``, each ``(batch, context_length)``, on ``device``."""
+    gen = torch.Generator().manual_seed(0)
+    data = torch.randint(VOCAB, (sizes["batch"], sizes["context_length"] + 1), generator=gen)
+    return data[:, :-1].to(device), data[:, 1:].to(device)  # (B, T) each
+
+
+def step_operator_counts(kind: str, *, bias: bool, impl: str = "sdpa", foreach: bool = True,
+                         padded: bool = False, nanogpt: tuple[type, type] | None = None
+                         ) -> Counter[str]:
+    """aten operators of one training step at :data:`GPU_SIZES` on ``meta``, counted after a
+    first step (which creates AdamW's state). ``padded``: the course's model is also given
+    an all-real padding mask, so that it takes the masked path of a padded batch."""
+    model, optimizer = step_model(kind, GPU_SIZES, bias=bias, impl=impl, device="meta",
+                                  foreach=foreach, nanogpt=nanogpt)
+    x, y = step_batch(GPU_SIZES, "meta")
+    call = {"attention_mask": torch.ones_like(x, dtype=torch.bool)} if padded else {}
+    training_step(model, optimizer, x, y, **call)
+    return operator_counts(lambda: training_step(model, optimizer, x, y, **call))
+
+
+def layer_step_operator_counts(*, fused_qkv: bool, bias: bool = False) -> Counter[str]:
+    """aten operators of a causal self-attention layer's forward and backward at
+    :data:`GPU_SIZES` on ``meta``: one ``q, k, v`` projection (``fused_qkv``) or three."""
+    d, batch, time = GPU_SIZES["d_model"], GPU_SIZES["batch"], GPU_SIZES["context_length"]
+    with torch.device("meta"):
+        layer = MultiHeadAttention(d, GPU_SIZES["n_heads"], bias=bias, fused_qkv=fused_qkv)
+        x = torch.empty(batch, time, d, requires_grad=True)  # (B, T, D)
+
+    def forward_backward() -> None:
+        out, _ = layer(x, is_causal=True)  # (B, T, D)
+        out.sum().backward()
+
+    return operator_counts(forward_backward)
+
+
+def step_host_ms(kinds: Sequence[str] = KINDS, *, bias: bool, steps: int = 100,
+                 rounds: int = 2, warmup: int = 10, impl: str = "sdpa",
+                 nanogpt: tuple[type, type] | None = None) -> dict[str, float]:
+    """Median host milliseconds of a training step at :data:`TINY_SIZES` on the CPU, per
+    kind: ``rounds`` rounds interleaved (course, nanoGPT, course, ...), each the median of
+    ``steps`` steps; the figure is the median of its rounds' medians."""
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for _ in range(rounds):  # interleaved: a busy moment of the machine hits both
+        for kind in kinds:
+            torch.manual_seed(0)
+            model, optimizer = step_model(kind, TINY_SIZES, bias=bias, impl=impl,
+                                          nanogpt=nanogpt)
+            x, y = step_batch(TINY_SIZES)
+            for _ in range(warmup):
+                training_step(model, optimizer, x, y)
+            each = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                training_step(model, optimizer, x, y)
+                each.append(time.perf_counter() - start)
+            times[kind].append(1e3 * statistics.median(each))
+    return {kind: statistics.median(values) for kind, values in times.items()}
