@@ -19,9 +19,9 @@ from .hardware import cpu_flops_per_second
 __all__ = ["PRESETS", "check_preset_device"]
 
 #: Model and training sizes of the two presets. Both are nanoGPT's Shakespeare-char runs, and
-#: like them without biases: a bias-free step dispatches 13 % fewer operators at the gpu
-#: preset's sizes (1,023 against 1,182, benchmarks/host_cost.py), and nanoGPT's README finds
-#: bias-free layers a little better and faster.
+#: like them without biases (nanoGPT's train.py default): a bias-free step dispatches fewer
+#: operators (benchmarks/host_cost.py prints both counts), and nanoGPT's model.py notes that
+#: bias-free layers are "a bit better and faster".
 PRESETS: dict[str, dict[str, Any]] = {
     "cpu": dict(n_layers=4, n_heads=4, d_model=128, context_length=64, batch_size=12, dropout=0.0,
                 bias=False, lr=1e-3, max_iters=2000, eval_interval=250, eval_iters=20,
