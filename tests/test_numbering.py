@@ -221,3 +221,32 @@ def test_the_site_says_figure_not_fig():
 
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
     assert config["sphinx"]["config"]["numfig_format"]["figure"] == "Figure %s"
+
+
+def _images(cell: dict) -> bool:
+    return any(key.startswith("image/") for out in cell.get("outputs", [])
+               for key in out.get("data", {}))
+
+
+@notebook_params
+def test_every_figure_a_chapter_draws_is_numbered(path):
+    """Issue 44's rule: every figure a chapter shows, a widget's static fallback and an
+    exercise's solution included, is a numbered figure (a name, hence a caption and a
+    number); a widget's own frames are drawn ahead into the site and carry no number."""
+    cells = _load(path)["cells"]
+    unnamed = [f"cell {i}: {_source(c)[:60]!r}" for i, c in enumerate(cells)
+               if c["cell_type"] == "code" and _images(c) and not _figure_name(c)]
+    assert not unnamed, f"{path.name}: figures without a number:\n" + "\n".join(unnamed)
+
+
+@notebook_params
+def test_exercises_have_one_format(path):
+    """Issue 44: every exercise is a heading '### Exercise N.M' (chapters 1 to 6 used bold
+    paragraphs), numbered 1, 2, ... within chapter N; no bold 'Exercise' paragraph is left."""
+    chapter = int(path.stem.split("_", 1)[0])
+    text = "\n".join(_source(c) for c in _load(path)["cells"] if c["cell_type"] == "markdown")
+    assert "**Exercise" not in text, f"{path.name}: an exercise as a bold paragraph"
+    numbers = [(int(n), int(m)) for n, m in
+               re.findall(r"^### Exercise (\d+)\.(\d+)\b", text, flags=re.MULTILINE)]
+    assert numbers, f"{path.name}: no '### Exercise' heading"
+    assert numbers == [(chapter, k) for k in range(1, len(numbers) + 1)], numbers
