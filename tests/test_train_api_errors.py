@@ -102,6 +102,8 @@ CASES: dict[str, Case] = {
               "checkpoint_path"),
     # main: a wrong value is a command-line mistake, exit code 2 (test below)
     "main": (lambda p: trainer.main("--lr 1"), "argv", None, ""),
+    "configs_from_args": (lambda p: trainer.configs_from_args("--lr 1"), "argv",
+                          lambda p: trainer.configs_from_args(["--lr", "x"]), "argv"),
     # -------------------------------------------------------------- data.py
     "CharCorpus": (lambda p: data.CharCorpus("abc", IDS, IDS), "tokenizer",
                    lambda p: data.CharCorpus(TOKENIZER, IDS.view(6, 10), IDS), "train_data"),

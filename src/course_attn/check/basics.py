@@ -285,7 +285,8 @@ SELF_MISTAKES = (
             f"the last dimension, not over the queries ({section('2.4')})"),
     Mistake(lambda x, similarity="dot": _self_variant(x, similarity, cosine="none"),
             f"your cosine scores are plain dot products: divide each vector by its length "
-            f"first, unit = x / |x| (dim=-1), then unit @ unit^T ({section('2.6')})"),
+            f"first, unit = F.normalize(x, dim=-1) (a zero vector stays zero), then "
+            f"unit @ unit^T ({section('2.6')})"),
     Mistake(lambda x, similarity="dot": _self_variant(x, similarity, cosine="queries"),
             f"normalise both sides of the dot product, the keys as well as the queries "
             f"({section('2.6')})"),

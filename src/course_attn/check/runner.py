@@ -300,7 +300,7 @@ def _generic(difference: Difference, case: Case) -> str:
 def _mutation_hint(name: str) -> str:
     return (f"your function changed its argument {name} in place ({name} /= ..., "
             f"{name}.mul_(...), {name}[...] = ..., copy_): the caller's {name} must stay as "
-            f"it was, so compute on new tensors ({name} = {name} / s, not {name} /= s)")
+            f"it was, so compute on new tensors (for example {name} = {name} / s, not {name} /= s)")
 
 
 class Run:
@@ -388,7 +388,8 @@ class Run:
             claimed = [m for m in self.check.mistakes
                        if self._claims(case, base, m, expected, got) and self._consistent(m)]
             if claimed:  # two mistakes that give the same output here: both are named
-                told = claimed[0].hint if len(claimed) == 1 else \
+                told = claimed[0].hint if len(claimed) == 1 or \
+                    claimed[1].hint == claimed[0].hint else \
                     f"{claimed[0].hint}; or else: {claimed[1].hint}"
                 if change is not None:  # a second mistake, as real as the first
                     told += f"; and {_mutation_hint(change[0])}"

@@ -6,7 +6,7 @@ processes under ``torchrun``, :mod:`course_attn.train.distributed`);
 """
 
 from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, model_from_checkpoint, save_checkpoint
-from .cli import build_parser, main
+from .cli import build_parser, configs_from_args, main
 from .hardware import GPU_PEAK_FLOPS, gpu_peak_flops
 from .loop import (
     BatchSource,
@@ -37,6 +37,7 @@ __all__ = [
     "TrainingInterrupted",
     "amp_dtype",
     "build_parser",
+    "configs_from_args",
     "check_preset_device",
     "estimate_loss",
     "gpu_peak_flops",

@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import io
 import re
 import shlex
 import shutil
@@ -61,7 +62,7 @@ from .outputs import EXIT_WRITE_FAILED, check_metrics_path, printed, same_file, 
 from .presets import PRESETS, check_preset_device
 from .stopping import AFTER_TRAINING, BEFORE_TRAINING, SignalOwner, StopRequested
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "configs_from_args", "main"]
 
 PROG = "python -m course_attn.train"
 
@@ -281,6 +282,28 @@ def _configs(parser: argparse.ArgumentParser, args: argparse.Namespace
     config = _checked(parser, TrainConfig, amp=not args.no_amp, compile=args.compile,
                       progress=not args.quiet, **fields_of(TrainConfig))
     return model_config, config
+
+
+def configs_from_args(argv: Sequence[str]) -> tuple[GPTConfig, TrainConfig]:
+    """The ``(GPTConfig, TrainConfig)`` that ``python -m course_attn.train ARGV`` would build,
+    without reading data or training (chapter 11 checks that its printed command builds the
+    page's model). ``vocab_size`` is a stand-in 1: the command takes it from the data.
+
+    Raises ``TypeError`` unless ``argv`` is a list or tuple of strings, and ``ValueError``
+    with the parser's message where the command line would exit with a usage error.
+    """
+    if not isinstance(argv, list | tuple) or not all(isinstance(a, str) for a in argv):
+        raise TypeError(f"argv must be a list of strings (the command's arguments), got "
+                        f"{type(argv).__name__}")
+    parser = build_parser()
+    message = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(message):
+            return _configs(parser, parser.parse_args(list(argv)))
+    except SystemExit:  # argparse's usage error, or a preset or field refused
+        lines = message.getvalue().strip().splitlines()
+        raise ValueError(f"argv is not a valid command line for {PROG}: "
+                         f"{lines[-1] if lines else 'usage error'}") from None
 
 
 def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
