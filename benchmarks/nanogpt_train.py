@@ -6,15 +6,18 @@ batches cut from a ``np.memmap`` of ``train.bin``, re-opened for every batch (tr
 against a memory leak), pinned and copied without blocking on a GPU; AdamW from
 ``configure_optimizers`` (fused on CUDA); bfloat16 autocast on a GPU that has it; warm-up and
 cosine decay of the learning rate; the next batch fetched while the GPU works; clipping at 1;
-``zero_grad(set_to_none=True)``; the loss read back every ``log_interval`` iterations. The
-time per iteration is the wall time of the iterations after the first ``warmup`` ones,
-synchronised at both ends, over their number (as the course's trainer reports its own).
+``zero_grad(set_to_none=True)``; the loss read back every ``log_interval`` iterations; both
+splits' losses estimated every ``eval_interval`` iterations (when given). The time per
+iteration is the wall time of the iterations after the first ``warmup`` ones, synchronised
+at both ends, evaluations and pauses left out, over their number (as the course's trainer
+reports its own).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +46,16 @@ def prepare(text: str, folder: Path) -> int:
 
 
 def run(folder: Path, vocab: int, r: dict, iters: int, *, seed: int = 1337,
-        device: str = "cpu", lr_decay_iters: int | None = None,
-        warmup: int = 10) -> tuple[float, float]:
-    """Train ``iters`` iterations; ``(ms per iteration, final validation loss)``."""
+        device: str = "cpu", lr_decay_iters: int | None = None, warmup: int = 10,
+        eval_interval: int | None = None,
+        on_pause: Callable[[], None] | None = None) -> tuple[float, float]:
+    """Train ``iters`` iterations; ``(ms per iteration, final validation loss)``.
+
+    ``eval_interval``: estimate both splits' losses (``r["eval_iters"]`` batches each) at
+    every iteration ``it`` with ``it % eval_interval == 0``, as train.py does, then call
+    ``on_pause`` (``benchmarks/cpu_recipe.py`` hands the machine to the other trainer
+    there); neither is timed.
+    """
     torch.manual_seed(seed)
     cuda = device.startswith("cuda")
     decay_iters = lr_decay_iters or iters
@@ -79,13 +89,29 @@ def run(folder: Path, vocab: int, r: dict, iters: int, *, seed: int = 1337,
         return r["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (
             r["learning_rate"] - r["min_lr"])
 
+    @torch.no_grad()
+    def estimate_loss() -> None:  # train.py's, for its cost and its draws from the generator
+        model.eval()
+        for split in ("train", "val"):
+            for _ in range(r["eval_iters"]):
+                with ctx:
+                    model(*get_batch(split))[1].item()
+        model.train()
+
     X, Y = get_batch("train")
-    start = 0.0
+    start, untimed = 0.0, 0.0
     for it in range(iters):
         if it == warmup:
             if cuda:
                 torch.cuda.synchronize()
             start = time.perf_counter()
+        if eval_interval and it % eval_interval == 0:
+            began = time.perf_counter()
+            estimate_loss()
+            if on_pause is not None:
+                on_pause()
+            if it >= warmup:
+                untimed += time.perf_counter() - began
         for group in optimizer.param_groups:
             group["lr"] = get_lr(it)
         with ctx:
@@ -99,7 +125,7 @@ def run(folder: Path, vocab: int, r: dict, iters: int, *, seed: int = 1337,
             loss.item()  # the log line's read-back
     if cuda:
         torch.cuda.synchronize()
-    ms = 1e3 * (time.perf_counter() - start) / (iters - warmup)
+    ms = 1e3 * (time.perf_counter() - start - untimed) / (iters - warmup)
     model.eval()
     with torch.no_grad(), ctx:
         val = sum(model(*get_batch("val"))[1].item() for _ in range(r["eval_iters"]))
