@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from course_attn.lab import step_cost
+from course_attn.train import PRESETS
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def total(counts) -> int:
@@ -47,3 +58,44 @@ def test_the_models_are_built_alike():
     assert optimizer.defaults["foreach"] is True
     x, y = step_cost.step_batch(step_cost.TINY_SIZES)
     assert x.shape == y.shape == (1, 8) and bool((x[:, 1:] == y[:, :-1]).all())
+
+
+def test_update_forms_are_timed_each():
+    ms = step_cost.update_ms(step_cost.TINY_SIZES, steps=3, warmup=1)
+    assert set(ms) == {"AdamW loop", "AdamW foreach", "AdamW fused", "clip per tensor",
+                       "clip foreach"}
+    assert all(t > 0 for t in ms.values())
+
+
+def test_the_cpu_recipe_record_holds_together():
+    record = step_cost.CPU_RECIPE_RECORD
+    rounds = record["rounds"]
+    assert len(rounds) >= 2 and record["iters"] == PRESETS["cpu"]["max_iters"]
+    assert record["eval_interval"] == PRESETS["cpu"]["eval_interval"]
+    assert record["data"] == "tinyshakespeare.txt" and "+changes" not in record["commit"]
+    for kind in ("course", "nanoGPT"):
+        assert record["median_ms_per_iter"][kind] == pytest.approx(
+            statistics.median(r[kind]["ms_per_iter"] for r in rounds), abs=1e-3)
+        assert all(0 < r[kind]["val_loss"] < math.log(65) for r in rounds)
+    median = record["median_ms_per_iter"]
+    assert record["ratio"] == pytest.approx(median["course"] / median["nanoGPT"], abs=1e-4)
+    assert [r["first"] for r in rounds[:2]] == ["course", "nanoGPT"]  # turns alternate
+
+
+def test_the_cpu_recipe_benchmark_writes_such_a_record(tmp_path):
+    """A tiny run of benchmarks/cpu_recipe.py: both trainers in their processes, taking
+    turns every two iterations, and a record with the committed one's fields."""
+    text = tmp_path / "tiny.txt"
+    text.write_text("to be or not to be, that is the question.\n" * 40, encoding="utf-8")
+    record = tmp_path / "record.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "cpu_recipe.py"), "--data", str(text), "--iters",
+         "6", "--rounds", "1", "--eval-interval", "2", "--record", str(record)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert "taking turns every 2 iterations" in done.stdout
+    written = json.loads(record.read_text(encoding="utf-8"))
+    assert set(written) == set(step_cost.CPU_RECIPE_RECORD)
+    assert written["iters"] == 6 and written["eval_interval"] == 2
+    (only,) = written["rounds"]
+    assert all(only[kind]["ms_per_iter"] > 0 for kind in ("course", "nanoGPT"))

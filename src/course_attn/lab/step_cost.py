@@ -14,14 +14,20 @@ bias setting, and the same AdamW (weight decay on matrices only):
   the arithmetic is negligible, in rounds interleaved between the models.
 
 ``benchmarks/host_cost.py`` prints both as a table.
+
+The rest of an iteration is the update: :func:`update_ms` times AdamW's two forms and
+gradient clipping's two forms at :data:`CPU_SIZES`, and :data:`CPU_RECIPE_RECORD` holds the
+whole trainers timed on nanoGPT's CPU recipe (``benchmarks/cpu_recipe.py --record``).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib import resources
 from typing import Any
 
 import torch
@@ -32,15 +38,24 @@ from ..models.gpt import GPTConfig, MiniGPT
 from .measure import operator_counts
 from .nanogpt import NanoGPT, NanoGPTConfig
 
-__all__ = ["GPU_SIZES", "TINY_SIZES", "layer_step_operator_counts", "step_batch",
-           "step_host_ms", "step_model", "step_operator_counts", "training_step"]
+__all__ = ["CPU_RECIPE_RECORD", "CPU_SIZES", "GPU_SIZES", "TINY_SIZES",
+           "layer_step_operator_counts", "step_batch", "step_host_ms", "step_model",
+           "step_operator_counts", "training_step", "update_ms"]
 
 #: The gpu preset's model and batch (nanoGPT's "baby GPT").
 GPU_SIZES: dict[str, Any] = dict(n_layers=6, n_heads=6, d_model=384, context_length=256,
                                  batch=64, dropout=0.2)
 #: The same layers at sizes where a step's arithmetic is negligible: what is left is host work.
 TINY_SIZES: dict[str, Any] = dict(GPU_SIZES, d_model=48, context_length=8, batch=1)
+#: The cpu preset's model and batch (nanoGPT's CPU recipe).
+CPU_SIZES: dict[str, Any] = dict(n_layers=4, n_heads=4, d_model=128, context_length=64,
+                                 batch=12, dropout=0.0)
 VOCAB = 65  # Tiny Shakespeare's characters
+#: nanoGPT's CPU recipe trained by the course's trainer and by nanoGPT's ``train.py`` loop,
+#: taking turns on one machine: data written by ``benchmarks/cpu_recipe.py --record``; its
+#: ``"about"`` says what each field is.
+CPU_RECIPE_RECORD: dict[str, Any] = json.loads(
+    resources.files(__package__).joinpath("cpu_recipe_runs.json").read_text(encoding="utf-8"))
 KINDS = ("course", "nanoGPT")
 
 
@@ -136,3 +151,36 @@ def step_host_ms(kinds: Sequence[str] = KINDS, *, bias: bool, steps: int = 100,
                 each.append(time.perf_counter() - start)
             times[kind].append(1e3 * statistics.median(each))
     return {kind: statistics.median(values) for kind, values in times.items()}
+
+
+def update_ms(sizes: dict[str, Any] = CPU_SIZES, *, steps: int = 100, warmup: int = 5
+              ) -> dict[str, float]:
+    """Median milliseconds of the update of one step on the CPU, by form: AdamW's loop over
+    the tensors (``foreach=False``, what PyTorch picks on the CPU when asked for neither,
+    as nanoGPT's ``configure_optimizers`` does there), ``foreach=True`` and ``fused=True``
+    (weight decay on matrices only), and ``clip_grad_norm_`` per tensor (PyTorch's default
+    on the CPU) and ``foreach=True``, on the parameters of the course's model at ``sizes``
+    with fixed random gradients; the forms are timed in turn, step after step, so that a
+    busy moment hits all of them."""
+    torch.manual_seed(0)
+    model, _ = step_model("course", sizes, bias=False)
+    params = list(model.parameters())
+    for param in params:
+        param.grad = torch.randn_like(param)
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    adamw = {form: torch.optim.AdamW([dict(g) for g in groups], lr=1e-3, **options)
+             for form, options in (("loop", {"foreach": False}), ("foreach", {"foreach": True}),
+                                   ("fused", {"fused": True}))}
+    forms: dict[str, Callable[[], object]] = {
+        f"AdamW {form}": optimizer.step for form, optimizer in adamw.items()}
+    forms["clip per tensor"] = lambda: nn.utils.clip_grad_norm_(params, 1.0, foreach=False)
+    forms["clip foreach"] = lambda: nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+    times: dict[str, list[float]] = {form: [] for form in forms}
+    for i in range(warmup + steps):
+        for form, call in forms.items():
+            start = time.perf_counter()
+            call()
+            if i >= warmup:
+                times[form].append(time.perf_counter() - start)
+    return {form: 1e3 * statistics.median(each) for form, each in times.items()}
