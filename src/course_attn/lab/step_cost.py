@@ -169,9 +169,10 @@ def update_ms(sizes: dict[str, Any] = CPU_SIZES, *, steps: int = 100, warmup: in
         param.grad = torch.randn_like(param)
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    adamw = {form: torch.optim.AdamW([dict(g) for g in groups], lr=1e-3, **options)
-             for form, options in (("loop", {"foreach": False}), ("foreach", {"foreach": True}),
-                                   ("fused", {"fused": True}))}
+    adamw = {form: torch.optim.AdamW([dict(g) for g in groups], lr=1e-3, foreach=foreach,
+                                     fused=fused)
+             for form, foreach, fused in (("loop", False, None), ("foreach", True, None),
+                                          ("fused", None, True))}
     forms: dict[str, Callable[[], object]] = {
         f"AdamW {form}": optimizer.step for form, optimizer in adamw.items()}
     forms["clip per tensor"] = lambda: nn.utils.clip_grad_norm_(params, 1.0, foreach=False)
