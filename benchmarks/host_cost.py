@@ -11,8 +11,9 @@ measured without a GPU:
   code: the same on every machine.
 * **host milliseconds per step** at tiny sizes (width 48, context 8, batch 1, one thread),
   where the arithmetic is negligible and what is left is the host's work: the median of
-  ``--steps`` steps, in two rounds interleaved course, nanoGPT, course, nanoGPT, each
-  figure the median of its two rounds' medians.
+  ``--steps`` steps per model, the two models' steps taken in turn (course, nanoGPT,
+  course, ...), in two rounds with fresh models, each figure the median of its two
+  rounds' medians.
 
 Both models have the same layers, heads, dropout and bias setting (``--bias both`` runs
 with and without biases). nanoGPT is ``course_attn.lab.nanogpt`` (its model.py written

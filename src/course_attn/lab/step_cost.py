@@ -11,7 +11,7 @@ bias setting, and the same AdamW (weight decay on matrices only):
   (:data:`GPU_SIZES`) on the ``meta`` device, where nothing is computed: the count depends
   only on the code, the same on every machine;
 * :func:`step_host_ms`: the median host milliseconds of a step at :data:`TINY_SIZES`, where
-  the arithmetic is negligible, in rounds interleaved between the models.
+  the arithmetic is negligible, the two models' steps taken in turn.
 
 ``benchmarks/host_cost.py`` prints both as a table.
 
@@ -133,23 +133,27 @@ def step_host_ms(kinds: Sequence[str] = KINDS, *, bias: bool, steps: int = 100,
                  rounds: int = 2, warmup: int = 10, impl: str = "sdpa",
                  nanogpt: tuple[type, type] | None = None) -> dict[str, float]:
     """Median host milliseconds of a training step at :data:`TINY_SIZES` on the CPU, per
-    kind: ``rounds`` rounds interleaved (course, nanoGPT, course, ...), each the median of
-    ``steps`` steps; the figure is the median of its rounds' medians."""
+    kind: ``rounds`` rounds, each with fresh models and the median of ``steps`` steps per
+    kind, the kinds' steps taken in turn (course, nanoGPT, course, ...) so that a busy
+    moment of the machine hits both; the figure is the median of its rounds' medians."""
     times: dict[str, list[float]] = {kind: [] for kind in kinds}
-    for _ in range(rounds):  # interleaved: a busy moment of the machine hits both
+    for _ in range(rounds):
+        runs = {}
         for kind in kinds:
             torch.manual_seed(0)
             model, optimizer = step_model(kind, TINY_SIZES, bias=bias, impl=impl,
                                           nanogpt=nanogpt)
-            x, y = step_batch(TINY_SIZES)
+            runs[kind] = (model, optimizer, *step_batch(TINY_SIZES))
             for _ in range(warmup):
-                training_step(model, optimizer, x, y)
-            each = []
-            for _ in range(steps):
+                training_step(*runs[kind])
+        each: dict[str, list[float]] = {kind: [] for kind in kinds}
+        for _ in range(steps):
+            for kind, run in runs.items():
                 start = time.perf_counter()
-                training_step(model, optimizer, x, y)
-                each.append(time.perf_counter() - start)
-            times[kind].append(1e3 * statistics.median(each))
+                training_step(*run)
+                each[kind].append(time.perf_counter() - start)
+        for kind in kinds:
+            times[kind].append(1e3 * statistics.median(each[kind]))
     return {kind: statistics.median(values) for kind, values in times.items()}
 
 
