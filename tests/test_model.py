@@ -7,8 +7,9 @@ import torch
 
 from course_attn import attention_maps
 from course_attn.core.layers import TransformerBlock
+from course_attn.lab.measure import operator_counts
 from course_attn.models.decoding import pick_next
-from course_attn.models.gpt import GPTConfig, MiniGPT
+from course_attn.models.gpt import GPTConfig, MiniGPT, next_token_loss
 
 V = 13
 
@@ -244,6 +245,27 @@ def test_loss_is_bit_identical_to_cross_entropy_when_a_target_counts():
         for got, want in zip(grads, torch.autograd.grad(reference, list(model.parameters())),
                              strict=True):
             assert torch.equal(got, want)
+
+
+def test_when_the_door_reads_no_minus_one_the_loss_skips_the_count_with_the_same_bits():
+    """Issue 42: a batch of plain text has no -1 target, and MiniGPT's door reads the smallest
+    target anyway (its range check, on the CPU): then the loss is the plain mean, the same
+    bits forward and backward as the guarded sum / count, without the counting operators."""
+    g = torch.Generator().manual_seed(7)
+    targets = torch.randint(0, V, IDX.shape, generator=g)
+    for dtype in (torch.float32, torch.float64):
+        logits = torch.randn(*IDX.shape, V, generator=g, dtype=dtype, requires_grad=True)
+        guarded = next_token_loss(logits, targets)
+        plain = next_token_loss(logits, targets, every_target_counts=True)
+        assert torch.equal(guarded, plain)
+        assert torch.equal(*(torch.autograd.grad(loss, logits)[0] for loss in (guarded, plain)))
+    model = tiny().train()
+    one_left_out = targets.clone()
+    one_left_out[0, 0] = -1
+    with_count, without = (operator_counts(lambda t=t: model(IDX, t)[1].backward())
+                           for t in (one_left_out, targets))
+    assert with_count["clamp"] == 1 and without["clamp"] == 0
+    assert sum(without.values()) < sum(with_count.values())
 
 
 @pytest.mark.parametrize("how", ["all -1", "all padding"])

@@ -23,6 +23,7 @@ from .._validation import (
     check_positive_real,
     check_sequence,
     check_token_ids,
+    check_token_ids_and_min,
     check_token_mask,
 )
 from ..core.checks import check_caches, check_cross_caches, check_on_device
@@ -59,8 +60,10 @@ def _check_mask(mask: object, name: str, shape: tuple[int, ...], ids: Tensor, id
 
 
 def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: object,
-                   caches: object, need_weights: object) -> Tensor | None:
-    """Check ``MiniGPT.forward``'s arguments; return ``attention_mask`` on ``idx``'s device."""
+                   caches: object, need_weights: object) -> tuple[Tensor | None, bool]:
+    """Check ``MiniGPT.forward``'s arguments; return ``attention_mask`` on ``idx``'s device,
+    and whether the targets were read and none is ``-1`` (then every target counts in the
+    loss, and it needs no guard against counting none)."""
     c = model.config
     idx = check_token_ids(idx, "idx", c.vocab_size)
     # the token table's device: walking model.parameters() costs a forward ~25 us of host time
@@ -75,13 +78,16 @@ def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: obj
         raise ValueError(f"the sequence has {past + time} tokens (T={time}"
                          + (f" after {past} cached" if past else "")
                          + f"), more than context_length={c.context_length}")
+    every_target_counts = False
     if targets is not None:
-        targets = check_token_ids(targets, "targets", c.vocab_size, shape=idx.shape,
-                                  ignore_index=-1)
+        targets, low = check_token_ids_and_min(targets, "targets", c.vocab_size,
+                                               shape=idx.shape, ignore_index=-1)
         if targets.device != idx.device:
             raise ValueError(f"targets are on {targets.device} but idx is on {idx.device}")
-    return _check_mask(attention_mask, "attention_mask", (batch, past + time), idx, "idx",
+        every_target_counts = low is not None and low >= 0
+    mask = _check_mask(attention_mask, "attention_mask", (batch, past + time), idx, "idx",
                        rows_nonempty=True)
+    return mask, every_target_counts
 
 
 def check_packed_call(idx: Tensor, doc_ids: object, attention_mask: Tensor | None,

@@ -125,19 +125,24 @@ class GPTConfig:
         check_choice(self.activation, "activation", ACTIVATIONS)
 
 
-def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
+def next_token_loss(logits: Tensor, targets: Tensor, *,
+                    every_target_counts: bool = False) -> Tensor:
     """Mean cross-entropy of ``logits (B, T, N_vocab)`` against ``targets (B, T)``, ``-1`` left out.
 
     Computed as (sum of the per-token losses) / max(number of counted targets, 1):
     exactly ``F.cross_entropy(..., ignore_index=-1)`` when a target counts, and
     ``0`` instead of 0/0 = NaN when none does, without reading a tensor value
-    (Chapter 11).
+    (Chapter 11). ``every_target_counts``: the caller has read the targets and none is
+    ``-1`` (``MiniGPT``'s door does, on the CPU); then the plain mean, which cannot be
+    0/0, without the four operators that count the targets (the same bits on the CPU).
     """
     # Half-precision logits are upcast: log-softmax over N_vocab entries needs the range.
     flat = logits.reshape(-1, logits.shape[-1])  # (B, T, N_vocab) -> (B*T, N_vocab)
     if flat.dtype in (torch.float16, torch.bfloat16):
         flat = flat.float()
     flat_targets = targets.reshape(-1)  # (B*T,)
+    if every_target_counts:
+        return F.cross_entropy(flat, flat_targets, ignore_index=-1)
     loss_sum = F.cross_entropy(flat, flat_targets, ignore_index=-1, reduction="sum")
     return loss_sum / (flat_targets != -1).sum().clamp(min=1)
 
@@ -214,9 +219,10 @@ class MiniGPT(nn.Module):
         ``loss`` is :func:`next_token_loss`. ``need_weights``: every block's attention runs
         the manual path and returns its weights, for a forward hook on ``block.self_attn``.
         """
+        counted = False  # the door read the targets and none is -1 (CPU): no 0/0 guard
         if self.check_inputs:
-            attention_mask = check_gpt_call(self, idx, targets, attention_mask, caches,
-                                            need_weights)
+            attention_mask, counted = check_gpt_call(self, idx, targets, attention_mask,
+                                                     caches, need_weights)
             if doc_ids is not None:
                 doc_ids = check_packed_call(idx, doc_ids, attention_mask, caches)
         c, time = self.config, idx.shape[1]
@@ -251,8 +257,8 @@ class MiniGPT(nn.Module):
         if targets is None:
             return logits, None
         if attention_mask is not None:  # padding predicts nothing
-            targets = targets.masked_fill(~attention_mask[:, past:], -1)
-        return logits, next_token_loss(logits, targets)
+            targets, counted = targets.masked_fill(~attention_mask[:, past:], -1), False
+        return logits, next_token_loss(logits, targets, every_target_counts=counted)
 
     def num_parameters(self, *, non_embedding: bool = False) -> int:
         """Parameters (a tied matrix counts once), optionally without ``pos`` (Chapter 11)."""
