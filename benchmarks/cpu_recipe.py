@@ -7,12 +7,16 @@ and ``--device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size
 preset (the same sizes and schedule), and with nanoGPT's training loop as its ``train.py``
 writes it (``benchmarks/nanogpt_train.py``, around ``course_attn.lab.nanogpt``), on the same
 text. For each: milliseconds per training iteration (the mean over the iterations after a
-few, evaluations left out, as the course's trainer reports it) and the final validation loss.
+few, evaluations left out, as the course's trainer reports it), the final validation loss
+as the trainer estimates it (20 random batches of its own), and the loss over every
+character of the validation split in consecutive windows, the same text for both.
 
 The two runs of a round live in two processes that take turns, one training while the
-other waits, handing over at every evaluation (every ``eval_interval`` = 250 iterations,
-where both the preset and nanoGPT's recipe evaluate): a slow minute of a shared machine
-then falls on both, where run-after-run timing measured the same code 20 % apart.
+other waits, handing over at the evaluations every ``eval_interval`` = 250 iterations
+(where both the preset and nanoGPT's recipe evaluate; the course's trainer evaluates after
+its 250th iteration, nanoGPT's loop before its 251st, and hands over from the second
+evaluation on, so that each turn trains 250 iterations of each): a slow minute of a shared
+machine then falls on both, where run-after-run timing measured the same code 20 % apart.
 
     python benchmarks/cpu_recipe.py [--data input.txt] [--iters 2000] [--rounds 2]
                                     [--record course_attn/lab/cpu_recipe_runs.json]
@@ -36,6 +40,7 @@ import tempfile
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from course_attn.data.text import CharCorpus, default_corpus
@@ -48,9 +53,28 @@ import nanogpt_train  # noqa: E402
 KINDS = ("course", "nanoGPT")
 
 
+def every_window_loss(model: torch.nn.Module, ids: torch.Tensor, block: int) -> float:
+    """The mean loss over every character of ``ids`` (1-D), in consecutive windows of
+    ``block`` characters, each predicting its next: the same text for both models."""
+    n = (len(ids) - 1) // block
+    x, y = ids[:n * block].view(n, block), ids[1:n * block + 1].view(n, block)  # (n, T)
+    model.eval()
+    with torch.no_grad():
+        total = sum(model(x[i:i + 64], y[i:i + 64])[1].item() * len(x[i:i + 64])
+                    for i in range(0, n, 64))
+    return total / n
+
+
+def val_ids(text: str) -> torch.Tensor:
+    """The validation split's ids, as both trainers cut them (90 % / 10 %, sorted chars)."""
+    corpus = CharCorpus.from_text(text)
+    return corpus.val_data
+
+
 def course_run(text: str, iters: int, seed: int, eval_interval: int, pause
-               ) -> tuple[float, float]:
-    """The course's trainer, cpu preset: (its ms per iteration, final val loss)."""
+               ) -> tuple[float, float, float]:
+    """The course's trainer, cpu preset: (its ms per iteration, final val loss estimate,
+    loss over the whole validation split)."""
     corpus = CharCorpus.from_text(text)  # 90 % train, 10 % validation, as prepare.py
     p = PRESETS["cpu"]
     torch.manual_seed(seed)
@@ -62,7 +86,8 @@ def course_run(text: str, iters: int, seed: int, eval_interval: int, pause
                          warmup_iters=p["warmup_iters"], eval_interval=eval_interval,
                          eval_iters=p["eval_iters"], device="cpu", progress=False, seed=seed)
     result = train(model, corpus, config, on_eval=lambda *_: pause())
-    return result.ms_per_iter, result.final_val_loss
+    whole = every_window_loss(model, corpus.val_data, p["context_length"])
+    return result.ms_per_iter, result.final_val_loss, whole
 
 
 def worker(kind: str, text: str, folder: str, vocab: int, iters: int, seed: int,
@@ -77,16 +102,22 @@ def worker(kind: str, text: str, folder: str, vocab: int, iters: int, seed: int,
     if kind == "course":
         result = course_run(text, iters, seed, eval_interval, pause)
     else:
-        recipe = nanogpt_train.CPU_RECIPE
-        result = nanogpt_train.run(Path(folder), vocab, recipe, iters, seed=seed,
-                                   warmup=min(10, iters // 2), eval_interval=eval_interval,
-                                   on_pause=pause)
+        recipe, trained = nanogpt_train.CPU_RECIPE, []
+        ms, val = nanogpt_train.run(Path(folder), vocab, recipe, iters, seed=seed,
+                                    warmup=min(10, iters // 2), eval_interval=eval_interval,
+                                    on_pause=pause, trained=trained)
+        ids = torch.from_numpy(np.fromfile(Path(folder) / "val.bin", dtype=np.uint16)
+                               .astype(np.int64))
+        if not torch.equal(ids, val_ids(text)):  # the same text, the same character ids
+            raise RuntimeError("nanoGPT's val.bin differs from the course's validation split")
+        result = (ms, val, every_window_loss(trained[0], ids, recipe["block_size"]))
     conn.send(result)
 
 
 def one_round(text: str, folder: Path, vocab: int, iters: int, seed: int,
-              eval_interval: int) -> dict[str, tuple[float, float]]:
-    """Both trainers, taking turns (the course first in even rounds): kind -> (ms, val)."""
+              eval_interval: int) -> dict[str, tuple[float, float, float]]:
+    """Both trainers, taking turns (the course first in even rounds):
+    kind -> (ms per iteration, val estimate, loss over the whole validation split)."""
     order = KINDS if seed % 2 == 0 else KINDS[::-1]
     context = mp.get_context("spawn")  # a fresh interpreter each, as a run from the shell
     pipes, processes = {}, []
@@ -97,7 +128,7 @@ def one_round(text: str, folder: Path, vocab: int, iters: int, seed: int,
         process.start()
         pipes[kind] = ours
         processes.append(process)
-    results: dict[str, tuple[float, float]] = {}
+    results: dict[str, tuple[float, float, float]] = {}
     try:
         while len(results) < len(order):
             for kind in order:
@@ -141,11 +172,15 @@ def main(argv: list[str] | None = None) -> int:
                 ms[kind].append(results[kind][0])
             rounds.append({"seed": seed, "first": KINDS[seed % 2], **{
                 kind: {"ms_per_iter": round(results[kind][0], 3),
-                       "val_loss": round(results[kind][1], 4)} for kind in KINDS}})
-            (course_ms, course_val), (nano_ms, nano_val) = (results[k] for k in KINDS)
-            print(f"round {seed}: course {course_ms:.2f} ms/iter, val {course_val:.4f}; "
-                  f"nanoGPT {nano_ms:.2f} ms/iter, val {nano_val:.4f}; "
-                  f"ratio {course_ms / nano_ms:.3f}")
+                       "val_loss": round(results[kind][1], 4),
+                       "val_loss_every_window": round(results[kind][2], 4)}
+                for kind in KINDS}})
+            (course_ms, course_val, course_all), (nano_ms, nano_val, nano_all) = (
+                results[k] for k in KINDS)
+            print(f"round {seed}: course {course_ms:.2f} ms/iter, val {course_val:.4f} "
+                  f"(whole split {course_all:.4f}); nanoGPT {nano_ms:.2f} ms/iter, val "
+                  f"{nano_val:.4f} (whole split {nano_all:.4f}); ratio "
+                  f"{course_ms / nano_ms:.3f}")
     course, nano = statistics.median(ms["course"]), statistics.median(ms["nanoGPT"])
     print(f"median: course {course:.2f}, nanoGPT {nano:.2f} ms/iter; course / nanoGPT "
           f"{course / nano:.2f} (goal <= 0.95)")
@@ -172,7 +207,10 @@ def write_record(args: argparse.Namespace, text: str, rounds: list[dict],
                  "eval_interval iterations, 'first' starting; ms_per_iter is each "
                  "trainer's own mean over its timed iterations (evaluations left out), "
                  "val_loss its final validation loss (its own estimate over eval_iters "
-                 "batches); median_ms_per_iter the median over the rounds and ratio "
+                 "random batches), val_loss_every_window the final model's mean loss over "
+                 "every character of the validation split in consecutive windows of the "
+                 "context length (the same text for both); median_ms_per_iter the median "
+                 "over the rounds and ratio "
                  "course / nanoGPT of those medians. commit is the code's commit "
                  "('+changes' when the tree differed from it).",
         "date": datetime.date.today().isoformat(),

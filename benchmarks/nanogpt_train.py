@@ -47,14 +47,15 @@ def prepare(text: str, folder: Path) -> int:
 
 def run(folder: Path, vocab: int, r: dict, iters: int, *, seed: int = 1337,
         device: str = "cpu", lr_decay_iters: int | None = None, warmup: int = 10,
-        eval_interval: int | None = None,
-        on_pause: Callable[[], None] | None = None) -> tuple[float, float]:
+        eval_interval: int | None = None, on_pause: Callable[[], None] | None = None,
+        trained: list[torch.nn.Module] | None = None) -> tuple[float, float]:
     """Train ``iters`` iterations; ``(ms per iteration, final validation loss)``.
 
     ``eval_interval``: estimate both splits' losses (``r["eval_iters"]`` batches each) at
-    every iteration ``it`` with ``it % eval_interval == 0``, as train.py does, then call
-    ``on_pause`` (``benchmarks/cpu_recipe.py`` hands the machine to the other trainer
-    there); neither is timed.
+    every iteration ``it`` with ``it % eval_interval == 0``, as train.py does, and from the
+    second on call ``on_pause`` (``benchmarks/cpu_recipe.py`` hands the machine to the
+    other trainer there, which has just trained as many iterations); neither is timed.
+    ``trained``: the model is appended to it at the end.
     """
     torch.manual_seed(seed)
     cuda = device.startswith("cuda")
@@ -108,7 +109,7 @@ def run(folder: Path, vocab: int, r: dict, iters: int, *, seed: int = 1337,
         if eval_interval and it % eval_interval == 0:
             began = time.perf_counter()
             estimate_loss()
-            if on_pause is not None:
+            if on_pause is not None and it > 0:
                 on_pause()
             if it >= warmup:
                 untimed += time.perf_counter() - began
@@ -129,4 +130,6 @@ def run(folder: Path, vocab: int, r: dict, iters: int, *, seed: int = 1337,
     model.eval()
     with torch.no_grad(), ctx:
         val = sum(model(*get_batch("val"))[1].item() for _ in range(r["eval_iters"]))
+    if trained is not None:
+        trained.append(model)
     return ms, val / r["eval_iters"]

@@ -15,9 +15,9 @@ bias setting, and the same AdamW (weight decay on matrices only):
 
 ``benchmarks/host_cost.py`` prints both as a table.
 
-The rest of an iteration is the update: :func:`update_ms` times AdamW's two forms and
-gradient clipping's two forms at :data:`CPU_SIZES`, and :data:`CPU_RECIPE_RECORD` holds the
-whole trainers timed on nanoGPT's CPU recipe (``benchmarks/cpu_recipe.py --record``).
+Where the trainers differ on a CPU, AdamW's form: :func:`update_ms` times its three forms
+at :data:`CPU_SIZES`, and :data:`CPU_RECIPE_RECORD` holds the whole trainers timed on
+nanoGPT's CPU recipe (``benchmarks/cpu_recipe.py --record``).
 """
 
 from __future__ import annotations
@@ -159,13 +159,12 @@ def step_host_ms(kinds: Sequence[str] = KINDS, *, bias: bool, steps: int = 100,
 
 def update_ms(sizes: dict[str, Any] = CPU_SIZES, *, steps: int = 100, warmup: int = 5
               ) -> dict[str, float]:
-    """Median milliseconds of the update of one step on the CPU, by form: AdamW's loop over
+    """Median milliseconds of AdamW's update of one step on the CPU, by form: its loop over
     the tensors (``foreach=False``, what PyTorch picks on the CPU when asked for neither,
     as nanoGPT's ``configure_optimizers`` does there), ``foreach=True`` and ``fused=True``
-    (weight decay on matrices only), and ``clip_grad_norm_`` per tensor (PyTorch's default
-    on the CPU) and ``foreach=True``, on the parameters of the course's model at ``sizes``
-    with fixed random gradients; the forms are timed in turn, step after step, so that a
-    busy moment hits all of them."""
+    (weight decay on matrices only), on the parameters of the course's model at ``sizes``
+    with fixed random gradients, at the current thread count; the forms are timed in turn,
+    step after step, so that a busy moment hits all of them."""
     torch.manual_seed(0)
     model, _ = step_model("course", sizes, bias=False)
     params = list(model.parameters())
@@ -179,8 +178,6 @@ def update_ms(sizes: dict[str, Any] = CPU_SIZES, *, steps: int = 100, warmup: in
                                           ("fused", None, True))}
     forms: dict[str, Callable[[], object]] = {
         f"AdamW {form}": optimizer.step for form, optimizer in adamw.items()}
-    forms["clip per tensor"] = lambda: nn.utils.clip_grad_norm_(params, 1.0, foreach=False)
-    forms["clip foreach"] = lambda: nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
     times: dict[str, list[float]] = {form: [] for form in forms}
     for i in range(warmup + steps):
         for form, call in forms.items():

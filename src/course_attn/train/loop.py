@@ -86,8 +86,7 @@ __all__ = [
     "train",
 ]
 
-#: Devices where the trainer's AdamW is ``fused=True`` (and its clipping ``foreach``);
-#: ``foreach=True`` AdamW elsewhere.
+#: Devices where the trainer's AdamW is ``fused=True``; ``foreach=True`` elsewhere.
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
 #: Seeds are signed 64-bit ints, the range every torch generator accepts (the
@@ -384,12 +383,12 @@ def _make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    # Fused on CUDA and the CPU: each tensor updated in one pass instead of one pass per
-    # operation (on the CPU at the cpu preset's sizes, 0.95 ms per step instead of foreach's
-    # 2.60, benchmarks/cpu_recipe.py), and on CUDA the fp16 scaler's checks without a sync.
-    # Neither form gives the same bits on every CPU (both round differently with AVX-512
-    # and AVX2), so the faster one is taken. Elsewhere foreach: one dispatch per operation
-    # for all tensors instead of one per tensor.
+    # Fused on CUDA and the CPU: one operator per parameter group for the whole update
+    # (on the CPU about a third of foreach's time at the cpu preset's sizes, chapter 11's
+    # step_cost.update_ms), and on CUDA the fp16 scaler's checks without a sync. Neither
+    # form gives the same bits on every CPU (both round differently with AVX-512 and with
+    # AVX2), so the faster one is taken. Elsewhere foreach: one dispatch per operation for
+    # all tensors instead of one per tensor.
     fused = device.type in FUSED_ADAMW_DEVICES
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
                              fused=fused, foreach=not fused)
@@ -595,7 +594,6 @@ class _Run:
                                             else [self.device.index])
                     if self.world.size > 1 else None)
         self.optimizer = _make_optimizer(model, config, self.device)
-        self.clip_foreach = True if self.device.type in FUSED_ADAMW_DEVICES else None
         self.dtype = amp_dtype(self.device, amp=config.amp)
         # fp16 gradients underflow without scaling; bf16 and float32 need none (a no-op then).
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
@@ -699,10 +697,7 @@ class _Run:
             loss = loss + later
         if config.grad_clip > 0:
             scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-            # foreach: a few dispatches for all gradients (PyTorch's default on the CPU
-            # is one norm and one multiply per tensor); the same bits either way.
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip,
-                                           foreach=self.clip_foreach)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
         scaler.step(optimizer)
         scaler.update()
         self.pending.append(loss)
