@@ -17,6 +17,8 @@ other waits, handing over at the evaluations every ``eval_interval`` = 250 itera
 its 250th iteration, nanoGPT's loop before its 251st, and hands over from the second
 evaluation on, so that each turn trains 250 iterations of each): a slow minute of a shared
 machine then falls on both, where run-after-run timing measured the same code 20 % apart.
+``--eval-interval 50`` makes the turns shorter, with an evaluation at each (untimed), which
+shares a machine whose speed moves from minute to minute more evenly.
 
     python benchmarks/cpu_recipe.py [--data input.txt] [--iters 2000] [--rounds 2]
                                     [--record course_attn/lab/cpu_recipe_runs.json]

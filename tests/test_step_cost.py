@@ -70,7 +70,8 @@ def test_the_cpu_recipe_record_holds_together():
     record = step_cost.CPU_RECIPE_RECORD
     rounds = record["rounds"]
     assert len(rounds) >= 2 and record["iters"] == PRESETS["cpu"]["max_iters"]
-    assert record["eval_interval"] == PRESETS["cpu"]["eval_interval"]
+    assert record["iters"] % record["eval_interval"] == 0  # whole turns
+    assert record["eval_interval"] <= PRESETS["cpu"]["eval_interval"]
     assert record["data"] == "tinyshakespeare.txt" and "+changes" not in record["commit"]
     for kind in ("course", "nanoGPT"):
         assert record["median_ms_per_iter"][kind] == pytest.approx(

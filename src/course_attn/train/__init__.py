@@ -9,6 +9,7 @@ from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, model_from_checkpoin
 from .cli import build_parser, configs_from_args, main
 from .hardware import GPU_PEAK_FLOPS, gpu_peak_flops
 from .loop import (
+    FUSED_ADAMW_DEVICES,
     BatchSource,
     CheckpointWriteError,
     TrainConfig,
@@ -26,6 +27,7 @@ from .resume import RESUME_MAY_CHANGE
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "FUSED_ADAMW_DEVICES",
     "GPU_PEAK_FLOPS",
     "PRESETS",
     "RESUME_MAY_CHANGE",

@@ -67,6 +67,7 @@ from .resume import check_resume
 from .stopping import BEFORE_TRAINING, signals_recorded, stop_at_once
 
 __all__ = [
+    "FUSED_ADAMW_DEVICES",
     "GPU_PEAK_FLOPS",
     "PRESETS",
     "BatchSource",
