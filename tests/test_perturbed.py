@@ -66,6 +66,31 @@ def test_gradients_are_nudged_before_each_optimiser_step():
     assert 0 < largest <= 1.000001e-3 and smallest >= 0  # |1 - g| = |u| <= 1e-3
 
 
+def test_an_operator_count_sees_the_step_and_not_the_nudge():
+    """Chapter 11 counts an optimizer step's operators: the nudge of its gradients stands
+    for another CPU's rounding, so it must not add operators to the count."""
+    code = """
+        import torch
+        from course_attn.lab.measure import operator_counts
+        w = torch.nn.Parameter(torch.ones(10, 10))
+        opt = torch.optim.AdamW([w], foreach=False)
+        w.grad = torch.ones_like(w)
+        opt.step()
+        w.grad = torch.ones_like(w)
+        print(sum(operator_counts(opt.step).values()))
+    """
+    nudged = _run(code, perturbed=True)
+    assert int(nudged) == int(_run(code, perturbed=False)) > 0
+    out = _run("""
+        import torch
+        w = torch.nn.Parameter(torch.ones(1000, dtype=torch.float64))
+        w.grad = torch.ones_like(w)
+        torch.optim.SGD([w], lr=1.0).step()
+        print(int((w.detach() != 0).sum()))
+    """, perturbed=True)
+    assert int(out) > 900  # and the gradients are still nudged
+
+
 def test_bfloat16_attention_on_the_cpu_is_missing_as_on_an_amx_cpu():
     out = _run("""
         import torch, torch.nn.functional as F

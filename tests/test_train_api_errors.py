@@ -187,7 +187,7 @@ CASES: dict[str, Case] = {
 #: Public names that are not called: constants, and an interface that is never built.
 NOT_CALLED = {"GPU_PEAK_FLOPS", "PRESETS", "BatchSource", "DEFAULT_CORPUS_MODULES", "PackedBatch",
               "TINY_SHAKESPEARE_SHA256", "TINY_SHAKESPEARE_URL", "TASKS", "CHECKPOINT_FORMAT",
-              "RESUME_MAY_CHANGE"}
+              "RESUME_MAY_CHANGE", "FUSED_ADAMW_DEVICES"}
 #: Public callables that take no arguments, so none can be wrong.
 NO_ARGUMENTS = {"build_parser"}
 #: train.py and the modules it was split into (their public names are re-exported by it).

@@ -39,6 +39,7 @@ import os
 import torch
 import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import _disable_current_modes
 
 RELATIVE = float(os.environ.get("COURSE_PERTURB_RELATIVE", "1e-6"))
 GRADIENTS = float(os.environ.get("COURSE_PERTURB_GRADIENTS", "1e-3"))
@@ -48,11 +49,15 @@ _PERTURBED = (torch.float32, torch.float64)
 
 
 def _nudge(tensor: torch.Tensor, relative: float = RELATIVE) -> torch.Tensor:
-    """Multiply ``tensor`` in place by ``1 + u``, ``u ~ U(-relative, relative)``."""
+    """Multiply ``tensor`` in place by ``1 + u``, ``u ~ U(-relative, relative)``.
+
+    Out of sight of any dispatch mode: the nudge stands for another CPU's rounding, not for
+    operators of the notebook's, so a cell that counts operators (chapters 9 and 11, with a
+    ``TorchDispatchMode``) counts the same here as anywhere."""
     if isinstance(tensor, torch.Tensor) and tensor.dtype in _PERTURBED and tensor.numel() \
             and tensor.device.type != "meta":
-        noise = _rand(tensor.shape, generator=_NOISE, dtype=tensor.dtype)  # same shape, CPU
-        with torch.no_grad():
+        with torch.no_grad(), _disable_current_modes():
+            noise = _rand(tensor.shape, generator=_NOISE, dtype=tensor.dtype)  # CPU
             tensor.mul_(1 + relative * (2 * noise.to(tensor.device) - 1))
     return tensor
 
