@@ -12,8 +12,11 @@ measured without a GPU:
 * **host milliseconds per step** at tiny sizes (width 48, context 8, batch 1, one thread),
   where the arithmetic is negligible and what is left is the host's work: the median of
   ``--steps`` steps per model, the two models' steps taken in turn (course, nanoGPT,
-  course, ...), in two rounds with fresh models, each figure the median of its two
-  rounds' medians.
+  nanoGPT, course, ...), in two rounds with fresh models built in the other order, each
+  figure the median of its two rounds' medians.
+* **the control**: nanoGPT's model timed the same way against a second copy of itself. Its
+  ratio would be 1.00 on a perfect harness; how far it lands from 1.00 on this machine is
+  what the ratios above cannot resolve (``--no-control`` skips it).
 
 Both models have the same layers, heads, dropout and bias setting (``--bias both`` runs
 with and without biases). nanoGPT is ``course_attn.lab.nanogpt`` (its model.py written
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a checkout of karpathy/nanoGPT (its model.py is used)")
     parser.add_argument("--top", type=int, default=0,
                         help="also list the N operators whose counts differ most")
+    parser.add_argument("--no-control", dest="control", action="store_false",
+                        help="skip timing nanoGPT against a copy of itself")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     nanogpt = load_nanogpt(args.nanogpt_dir)
@@ -80,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
             diff.subtract(ops["nanoGPT"])
             worst = sorted(diff.items(), key=lambda item: -abs(item[1]))[:args.top]
             print("    course - nanoGPT:", ", ".join(f"{op} {d:+d}" for op, d in worst if d))
+    if args.control:  # the same model twice: the harness's own error, in the same units
+        same = step_host_ms(("nanoGPT", "nanoGPT"), bias=False, steps=args.steps, rounds=2,
+                            warmup=20, nanogpt=nanogpt)
+        print(f"control: nanoGPT {same['nanoGPT']:.2f} ms against a copy of itself "
+              f"{same['nanoGPT #2']:.2f} ms, ratio {same['nanoGPT'] / same['nanoGPT #2']:.2f} "
+              f"(1.00 on a perfect harness)")
     return 0
 
 

@@ -17,6 +17,7 @@ import torch
 import course_attn._validation as validation
 import course_attn.core.checks as core_checks
 import course_attn.models.checks as model_checks
+from course_attn.lab.measure import operator_counts
 from course_attn import (
     CharCorpus,
     EncoderDecoder,
@@ -180,3 +181,37 @@ def test_the_device_check_runs_at_the_models_door_not_in_every_layer(monkeypatch
     model.greedy_decode(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long),
                         6)
     assert calls["n"] == 2  # src at the encoder's door, the prompt; none in the 6 steps
+
+
+@pytest.mark.parametrize("bad", [7, -1, -8])
+def test_an_id_outside_the_table_is_named_by_the_lookup_not_a_raw_index_error(bad):
+    """Issue 42: MiniGPT's door no longer reads idx (a reduction and two reads in every step);
+    the CPU's lookup checks each id anyway, and its IndexError becomes the door's ValueError,
+    with nothing chained to it and nothing run after it."""
+    model = MiniGPT(GPTConfig(vocab_size=7, context_length=8, n_layers=1, n_heads=2,
+                              d_model=8))
+    idx = torch.tensor([[1, bad, 2]])
+    ran = []
+    model.blocks[0].register_forward_hook(lambda *_: ran.append(True))
+    with pytest.raises(ValueError, match=rf"^idx must hold token ids in \[0, vocab_size=7\), "
+                                         rf"got values in \[{min(bad, 1)}, {max(bad, 2)}\]$"
+                       ) as caught:
+        model(idx, torch.zeros_like(idx))
+    assert caught.value.__context__ is None and caught.value.__cause__ is None
+    assert not ran  # refused before the first block
+    caches = model.new_caches()
+    with pytest.raises(ValueError, match=r"^idx must hold token ids"):
+        model(idx, caches=caches)
+    assert caches[0].length == 0  # a cache is left as it was
+
+
+def test_a_training_call_reads_its_targets_once_and_its_ids_never():
+    """The door reads the targets' two ends (their range, and whether any is -1, so the loss
+    needs no count); the ids' range is the lookup's, so a forward makes one reduction and two
+    reads, where it made two and four."""
+    model = MiniGPT(GPTConfig(vocab_size=7, context_length=8, n_layers=2, n_heads=2,
+                              d_model=8)).train()
+    idx = torch.randint(7, (2, 5))
+    counts = operator_counts(lambda: model(idx, torch.roll(idx, 1, dims=1)))
+    assert counts["aminmax"] == 1 and counts["_local_scalar_dense"] == 2
+    assert operator_counts(lambda: model(idx))["aminmax"] == 0

@@ -45,6 +45,31 @@ def test_host_time_is_a_positive_median_per_kind():
     assert set(ms) == {"course", "nanoGPT"} and all(t > 0 for t in ms.values())
 
 
+def test_host_time_alternates_the_order_of_building_and_of_steps(monkeypatch):
+    """Each round builds the models from a different kind, and the steps go A B, B A, ...;
+    a kind named twice (the A/A control of chapter 11) gets a second label."""
+    built, stepped = [], []
+    real_model = step_cost.step_model
+
+    def model(kind, *args, **kwargs):
+        built.append(kind)
+        made = real_model(kind, *args, **kwargs)
+        made[0].kind = f"{kind}{built.count(kind)}"
+        return made
+
+    monkeypatch.setattr(step_cost, "step_model", model)
+    monkeypatch.setattr(step_cost, "training_step", lambda m, *_: stepped.append(m.kind))
+    ms = step_cost.step_host_ms(bias=False, steps=3, rounds=2, warmup=0)
+    assert built == ["course", "nanoGPT", "nanoGPT", "course"]
+    assert stepped == ["course1", "nanoGPT1", "nanoGPT1", "course1", "course1", "nanoGPT1",
+                       "nanoGPT2", "course2", "course2", "nanoGPT2", "nanoGPT2", "course2"]
+    assert set(ms) == {"course", "nanoGPT"}
+    built.clear()
+    control = step_cost.step_host_ms(("nanoGPT", "nanoGPT"), bias=False, steps=1, rounds=1,
+                                     warmup=0)
+    assert set(control) == {"nanoGPT", "nanoGPT #2"} and built == ["nanoGPT", "nanoGPT"]
+
+
 def test_an_unknown_kind_is_refused_by_name():
     with pytest.raises(ValueError, match="kind must be one of"):
         step_cost.step_model("gpt2", step_cost.TINY_SIZES, bias=False)

@@ -44,6 +44,7 @@ __all__ = [
     "check_bool_mask",
     "check_nonnegative_real",
     "check_sequence",
+    "check_token_id_tensor",
     "check_token_ids",
     "check_token_ids_and_min",
     "check_token_mask",
@@ -322,7 +323,8 @@ def values_checkable(tensor: Tensor) -> bool:
     then fails inside the embedding (on CUDA, a device-side assert). Run the
     same input on the CPU to get the clear message.
     """
-    return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
+    # is_cpu, not device.type == "cpu": no device object and no string made, at every call
+    return tensor.is_cpu and not torch.compiler.is_compiling()
 
 
 def check_sequence(value: object, name: str, *, width: int, batch: int | None = None,
@@ -360,12 +362,10 @@ def check_token_ids(value: object, name: str, vocab_size: int, *,
                                    ignore_index=ignore_index)[0]
 
 
-def check_token_ids_and_min(value: object, name: str, vocab_size: int, *,
-                            shape: Sequence[int] | None = None, ignore_index: int | None = None
-                            ) -> tuple[Tensor, int | None]:
-    """:func:`check_token_ids`, and the smallest value it read: ``None`` where the values
-    could not be read (:func:`values_checkable`). ``MiniGPT`` learns from it, for free,
-    whether any target is ``-1`` (left out)."""
+def check_token_id_tensor(value: object, name: str, *,
+                          shape: Sequence[int] | None = None) -> Tensor:
+    """What :func:`check_token_ids` checks without reading a value: a ``torch.long`` tensor
+    ``(B, T)`` with ``B, T >= 1`` (exactly ``shape`` if given)."""
     if not isinstance(value, Tensor):
         raise TypeError(f"{name} must be a torch.long tensor (B, T) of token ids, got "
                         f"{_describe(value)}")
@@ -376,6 +376,16 @@ def check_token_ids_and_min(value: object, name: str, vocab_size: int, *,
     if value.dim() != 2 or value.shape[0] == 0 or value.shape[1] == 0:
         raise ValueError(f"{name} must have shape (B, T) with B >= 1 and T >= 1, "
                          f"got {tuple(value.shape)}")
+    return value
+
+
+def check_token_ids_and_min(value: object, name: str, vocab_size: int, *,
+                            shape: Sequence[int] | None = None, ignore_index: int | None = None
+                            ) -> tuple[Tensor, int | None]:
+    """:func:`check_token_ids`, and the smallest value it read: ``None`` where the values
+    could not be read (:func:`values_checkable`). ``MiniGPT`` learns from it, for free,
+    whether any target is ``-1`` (left out)."""
+    value = check_token_id_tensor(value, name, shape=shape)
     if not values_checkable(value):
         return value, None
     allowed = "" if ignore_index is None else f" or {ignore_index} (ignored)"

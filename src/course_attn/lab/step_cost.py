@@ -134,27 +134,38 @@ def step_host_ms(kinds: Sequence[str] = KINDS, *, bias: bool, steps: int = 100,
                  nanogpt: tuple[type, type] | None = None) -> dict[str, float]:
     """Median host milliseconds of a training step at :data:`TINY_SIZES` on the CPU, per
     kind: ``rounds`` rounds, each with fresh models and the median of ``steps`` steps per
-    kind, the kinds' steps taken in turn (course, nanoGPT, course, ...) so that a busy
-    moment of the machine hits both; the figure is the median of its rounds' medians."""
-    times: dict[str, list[float]] = {kind: [] for kind in kinds}
-    for _ in range(rounds):
+    kind; the figure is the median of its rounds' medians.
+
+    Two things move a model's figure by 1 to 3 % on their own, as a run of nanoGPT's model
+    against a second copy of itself shows (chapter 11): the order the models were built in
+    (the one built first measured slower) and the order of the steps. So round ``r`` builds
+    the models starting from kind ``r`` (with 2 rounds and 2 kinds each is built first once),
+    and the steps alternate: A B, B A, A B, ... so a busy moment of the machine hits every
+    kind. A kind named twice (``("nanoGPT", "nanoGPT")``, that control) is reported as
+    ``"nanoGPT"`` and ``"nanoGPT #2"``."""
+    labels = [kind if kinds.index(kind) == i else f"{kind} #{kinds[:i + 1].count(kind)}"
+              for i, kind in enumerate(kinds)]
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for r in range(rounds):
         runs = {}
-        for kind in kinds:
+        for i in (*range(r % len(kinds), len(kinds)), *range(r % len(kinds))):
             torch.manual_seed(0)
-            model, optimizer = step_model(kind, TINY_SIZES, bias=bias, impl=impl,
+            model, optimizer = step_model(kinds[i], TINY_SIZES, bias=bias, impl=impl,
                                           nanogpt=nanogpt)
-            runs[kind] = (model, optimizer, *step_batch(TINY_SIZES))
+            runs[labels[i]] = (model, optimizer, *step_batch(TINY_SIZES))
             for _ in range(warmup):
-                training_step(*runs[kind])
-        each: dict[str, list[float]] = {kind: [] for kind in kinds}
+                training_step(*runs[labels[i]])
+        each: dict[str, list[float]] = {label: [] for label in labels}
+        order = list(runs.items())
         for _ in range(steps):
-            for kind, run in runs.items():
+            for label, run in order:
                 start = time.perf_counter()
                 training_step(*run)
-                each[kind].append(time.perf_counter() - start)
-        for kind in kinds:
-            times[kind].append(1e3 * statistics.median(each[kind]))
-    return {kind: statistics.median(values) for kind, values in times.items()}
+                each[label].append(time.perf_counter() - start)
+            order.reverse()  # A B, B A, ...: neither kind always follows the other
+        for label in labels:
+            times[label].append(1e3 * statistics.median(each[label]))
+    return {label: statistics.median(values) for label, values in times.items()}
 
 
 def update_ms(sizes: dict[str, Any] = CPU_SIZES, *, steps: int = 100, warmup: int = 5

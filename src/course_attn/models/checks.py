@@ -22,6 +22,7 @@ from .._validation import (
     check_positive_int,
     check_positive_real,
     check_sequence,
+    check_token_id_tensor,
     check_token_ids,
     check_token_ids_and_min,
     check_token_mask,
@@ -35,6 +36,7 @@ __all__ = [
     "check_gpt_call",
     "check_on_model_device",
     "check_packed_call",
+    "embed_token_ids",
 ]
 
 
@@ -65,7 +67,7 @@ def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: obj
     and whether the targets were read and none is ``-1`` (then every target counts in the
     loss, and it needs no guard against counting none)."""
     c = model.config
-    idx = check_token_ids(idx, "idx", c.vocab_size)
+    idx = check_token_id_tensor(idx, "idx")  # its range: embed_token_ids, by the lookup
     # the token table's device: walking model.parameters() costs a forward ~25 us of host time
     check_on_device(idx, "idx", model.embed.weight.device, "the model")
     check_bool(need_weights, "need_weights")
@@ -88,6 +90,23 @@ def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: obj
     mask = _check_mask(attention_mask, "attention_mask", (batch, past + time), idx, "idx",
                        rows_nonempty=True)
     return mask, every_target_counts
+
+
+def embed_token_ids(embed: nn.Embedding, idx: Tensor) -> Tensor:
+    """``embed(idx) (B, T, D)``, the lookup doing the door's range check of ``idx``.
+
+    On the CPU the lookup checks every id anyway and raises ``IndexError`` for one outside
+    the table; that becomes the door's ``ValueError``, which names the range and the values.
+    So a call reads no value of ``idx`` (a reduction and two reads in every training step,
+    issue 42). On a GPU nothing changes: the door never read values there
+    (``values_checkable``), and a bad id fails inside the lookup.
+    """
+    try:
+        return embed(idx)  # (B, T, D)
+    except IndexError as error:
+        lookup = error
+    check_token_ids(idx, "idx", embed.num_embeddings)  # the door's ValueError, not chained
+    raise lookup
 
 
 def check_packed_call(idx: Tensor, doc_ids: object, attention_mask: Tensor | None,

@@ -51,7 +51,7 @@ from ..core.triton_attention import MAX_TRITON_HEAD_SIZE
 from ..modern.alibi import alibi_bias, alibi_slopes
 from ..modern.rope import rope_rotation
 from ..modern.sliding_window import sliding_window_mask
-from .checks import check_generate_call, check_gpt_call, check_packed_call
+from .checks import check_generate_call, check_gpt_call, check_packed_call, embed_token_ids
 from .decoding import decode, pick_next
 
 __all__ = ["POS_ENCODINGS", "GPTConfig", "MiniGPT", "next_token_loss"]
@@ -239,7 +239,7 @@ class MiniGPT(nn.Module):
             if attention_mask is not None:  # no pad key; positions count real tokens only
                 mask = mask & attention_mask[:, None, None, :]  # (B, 1, T, T_cache + T)
                 positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
-        x = self.embed(idx)  # (B, T, D)
+        x = embed_token_ids(self.embed, idx) if self.check_inputs else self.embed(idx)  # (B, T, D)
         if self.pos is not None:
             x = x + self.pos(positions)  # (B, T, D) + ((B,) T, D)
         if self.pos_table is not None:
@@ -249,10 +249,16 @@ class MiniGPT(nn.Module):
         if c.pos_encoding == "rope":
             rotate = rope_rotation(positions, c.d_model // c.n_heads, like=self.embed.weight)
         bias = None if self.alibi is None else self.alibi[:, past:past + time, :past + time]
+        # Only the arguments this call has: each keyword costs every block's call host time
+        # (issue 42), and a plain causal call needs just is_causal.
+        given = {name: value for name, value in (("mask", mask), ("rotate", rotate),
+                                                 ("bias", bias)) if value is not None}
+        if need_weights:
+            given["need_weights"] = True
         for i, block in enumerate(self.blocks):
-            x = block(x, mask=mask, is_causal=mask is None, need_weights=need_weights,
-                      cache=None if caches is None else caches[i], rotate=rotate,
-                      bias=bias)  # (B, T, D)
+            if caches is not None:
+                given["cache"] = caches[i]
+            x = block(x, is_causal=mask is None, **given)  # (B, T, D)
         logits = self.lm_head(self.norm(x))  # (B, T, D) @ (D, N_vocab) -> (B, T, N_vocab)
         if targets is None:
             return logits, None
