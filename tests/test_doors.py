@@ -17,7 +17,6 @@ import torch
 import course_attn._validation as validation
 import course_attn.core.checks as core_checks
 import course_attn.models.checks as model_checks
-from course_attn.lab.measure import operator_counts
 from course_attn import (
     CharCorpus,
     EncoderDecoder,
@@ -35,6 +34,7 @@ from course_attn import (
     scaled_dot_product_attention,
     sliding_window_mask,
 )
+from course_attn.lab.measure import operator_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 
