@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -251,8 +252,8 @@ class MiniGPT(nn.Module):
         bias = None if self.alibi is None else self.alibi[:, past:past + time, :past + time]
         # Only the arguments this call has: each keyword costs every block's call host time
         # (issue 42), and a plain causal call needs just is_causal.
-        given = {name: value for name, value in (("mask", mask), ("rotate", rotate),
-                                                 ("bias", bias)) if value is not None}
+        given: dict[str, Any] = {name: value for name, value in (
+            ("mask", mask), ("rotate", rotate), ("bias", bias)) if value is not None}
         if need_weights:
             given["need_weights"] = True
         for i, block in enumerate(self.blocks):
