@@ -15,6 +15,7 @@ inputs are checked once per forward, not once per layer and step.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -403,33 +404,37 @@ class TransformerBlock(nn.Module):
             attention_mask, mask, memory_attention_mask = check_block_call(
                 self, x, attention_mask, mask, is_causal, memory, memory_attention_mask, cache,
                 cross_cache, need_weights)
-        # Only the arguments this call has: each keyword handed down costs host time in every
-        # layer of every step (~1 us a level), and a plain causal call has just one.
-        given = {name: value for name, value in (
+        # Only the arguments this call has: each keyword handed down costs host time at every
+        # level of every layer of every step, and a plain causal call needs just is_causal.
+        given: dict[str, Any] = {name: value for name, value in (
             ("attention_mask", attention_mask), ("mask", mask), ("cache", cache),
             ("rotate", rotate), ("bias", bias)) if value is not None}
-
-        def self_attention(h: Tensor) -> Tensor:
-            return self.self_attn(h, is_causal=is_causal, need_weights=need_weights,
-                                  **given)[0]  # (B, T, D)
-
-        def cross_attention(h: Tensor) -> Tensor:
-            assert self.cross_attn is not None
-            memory_mask = (None if memory_attention_mask is None  # (B, T_m) -> (B, 1, 1, T_m)
-                           else memory_attention_mask[:, None, None, :])
-            return self.cross_attn(h, memory, memory, mask=memory_mask, cache=cross_cache,
-                                   need_weights=need_weights)[0]  # (B, T, D)
-
+        if need_weights:
+            given["need_weights"] = True
         if self.norm_first:  # pre-norm: the residual stream itself is never normalised
-            x = x + self.dropout(self_attention(self.norm1(x)))
+            h = self.self_attn(self.norm1(x), is_causal=is_causal, **given)[0]  # (B, T, D)
+            x = x + self.dropout(h)
             if self.cross_attn is not None and self.norm3 is not None:
-                x = x + self.dropout(cross_attention(self.norm3(x)))
+                h = self._cross_attention(self.norm3(x), memory, memory_attention_mask,
+                                          cross_cache, need_weights)  # (B, T, D)
+                x = x + self.dropout(h)
             return x + self.dropout(self.ff(self.norm2(x)))
         # post-norm: each sublayer's sum is normalised, and the next sublayer reads it
-        x = self.norm1(x + self.dropout(self_attention(x)))
+        x = self.norm1(x + self.dropout(self.self_attn(x, is_causal=is_causal, **given)[0]))
         if self.cross_attn is not None and self.norm3 is not None:
-            x = self.norm3(x + self.dropout(cross_attention(x)))
+            h = self._cross_attention(x, memory, memory_attention_mask, cross_cache, need_weights)
+            x = self.norm3(x + self.dropout(h))
         return self.norm2(x + self.dropout(self.ff(x)))
+
+    def _cross_attention(self, h: Tensor, memory: Tensor | None,
+                         memory_attention_mask: Tensor | None, cache: CrossKVCache | None,
+                         need_weights: bool) -> Tensor:
+        """The decoder's cross-attention from ``h (B, T, D)`` to ``memory (B, T_m, D)``."""
+        assert self.cross_attn is not None
+        memory_mask = (None if memory_attention_mask is None  # (B, T_m) -> (B, 1, 1, T_m)
+                       else memory_attention_mask[:, None, None, :])
+        return self.cross_attn(h, memory, memory, mask=memory_mask, cache=cache,
+                               need_weights=need_weights)[0]  # (B, T, D)
 
 
 class TransformerBlocks(nn.ModuleList):
