@@ -11,12 +11,13 @@ measured without a GPU:
   code: the same on every machine.
 * **host milliseconds per step** at tiny sizes (width 48, context 8, batch 1, one thread),
   where the arithmetic is negligible and what is left is the host's work: the median of
-  ``--steps`` steps per model, the two models' steps taken in turn (course, nanoGPT,
-  nanoGPT, course, ...), in two rounds with fresh models built in the other order, each
-  figure the median of its two rounds' medians.
+  ``--steps`` steps per model in each of ``--rounds`` rounds (2 by default), fresh models
+  each round, built in the other order every other round, their steps taken in turn (course,
+  nanoGPT, nanoGPT, course, ...). Each model's figure is the median of its rounds' medians;
+  the ratio is the median of the rounds' ratios, printed with their smallest and largest.
 * **the control**: nanoGPT's model timed the same way against a second copy of itself. Its
-  ratio would be 1.00 on a perfect harness; how far it lands from 1.00 on this machine is
-  what the ratios above cannot resolve (``--no-control`` skips it).
+  ratio would be 1.00 on a perfect harness; how far it and its rounds land from 1.00 on this
+  machine is what the ratios above cannot resolve (``--no-control`` skips it).
 
 Both models have the same layers, heads, dropout and bias setting (``--bias both`` runs
 with and without biases). nanoGPT is ``course_attn.lab.nanogpt`` (its model.py written
@@ -25,19 +26,21 @@ ratios; asserts nothing (speed goals are measured, not tested). The models, the 
 the timing are ``course_attn.lab.step_cost``'s, which chapter 11 runs too.
 
     python benchmarks/host_cost.py [--impl sdpa] [--bias both|true|false] [--steps 200]
+                                   [--rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 from course_attn import ATTENTION_IMPLS
-from course_attn.lab.step_cost import step_host_ms, step_operator_counts
+from course_attn.lab.step_cost import host_ms_rounds, step_operator_counts
 
 
 def load_nanogpt(folder: Path | None) -> tuple[type, type] | None:
@@ -53,11 +56,20 @@ def load_nanogpt(folder: Path | None) -> tuple[type, type] | None:
     return module.GPT, module.GPTConfig
 
 
+def _summary(rounds: dict[str, list[float]], a: str, b: str) -> str:
+    """``a``'s and ``b``'s median ms, the median of the rounds' ratios a / b, and their range."""
+    ratios = [x / y for x, y in zip(rounds[a], rounds[b], strict=True)]
+    return (f"{statistics.median(rounds[a]):>11.2f}{statistics.median(rounds[b]):>12.2f}"
+            f"{statistics.median(ratios):>7.2f}  {min(ratios):.2f} to {max(ratios):.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--impl", choices=ATTENTION_IMPLS, default="sdpa")
     parser.add_argument("--bias", choices=("both", "true", "false"), default="both")
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds of fresh models (an even number builds each first as often)")
     parser.add_argument("--nanogpt-dir", type=Path, default=None,
                         help="a checkout of karpathy/nanoGPT (its model.py is used)")
     parser.add_argument("--top", type=int, default=0,
@@ -70,27 +82,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, course impl={args.impl}, one thread; operators at "
           f"the gpu preset's sizes (meta device), host ms at width 48, context 8, batch 1")
     print(f"{'biases':8s}{'':>4s}{'ops course':>12s}{'ops nanoGPT':>13s}{'ratio':>7s}"
-          f"{'ms course':>11s}{'ms nanoGPT':>12s}{'ratio':>7s}")
+          f"{'ms course':>11s}{'ms nanoGPT':>12s}{'ratio':>7s}  rounds' ratios")
+    timing = dict(steps=args.steps, rounds=args.rounds, warmup=20, nanogpt=nanogpt)
     for bias in {"both": (False, True), "true": (True,), "false": (False,)}[args.bias]:
         ops = {kind: step_operator_counts(kind, bias=bias, impl=args.impl, nanogpt=nanogpt)
                for kind in ("course", "nanoGPT")}
-        ms = step_host_ms(bias=bias, steps=args.steps, rounds=2, warmup=20, impl=args.impl,
-                          nanogpt=nanogpt)  # interleaved: a busy moment hits both
+        ms = host_ms_rounds(bias=bias, impl=args.impl, **timing)  # interleaved
         n = {kind: sum(counter.values()) for kind, counter in ops.items()}
         print(f"{str(bias).lower():8s}{'':>4s}{n['course']:>12,d}{n['nanoGPT']:>13,d}"
-              f"{n['course'] / n['nanoGPT']:>7.2f}{ms['course']:>11.2f}{ms['nanoGPT']:>12.2f}"
-              f"{ms['course'] / ms['nanoGPT']:>7.2f}")
+              f"{n['course'] / n['nanoGPT']:>7.2f}{_summary(ms, 'course', 'nanoGPT')}")
         if args.top:
             diff = ops["course"].copy()
             diff.subtract(ops["nanoGPT"])
             worst = sorted(diff.items(), key=lambda item: -abs(item[1]))[:args.top]
             print("    course - nanoGPT:", ", ".join(f"{op} {d:+d}" for op, d in worst if d))
     if args.control:  # the same model twice: the harness's own error, in the same units
-        same = step_host_ms(("nanoGPT", "nanoGPT"), bias=False, steps=args.steps, rounds=2,
-                            warmup=20, nanogpt=nanogpt)
-        print(f"control: nanoGPT {same['nanoGPT']:.2f} ms against a copy of itself "
-              f"{same['nanoGPT #2']:.2f} ms, ratio {same['nanoGPT'] / same['nanoGPT #2']:.2f} "
-              f"(1.00 on a perfect harness)")
+        same = host_ms_rounds(("nanoGPT", "nanoGPT"), bias=False, **timing)
+        print(f"control: nanoGPT against a copy of itself (no biases, 1.00 on a perfect "
+              f"harness)\n{'false':8s}{'':>4s}{'':>32s}{_summary(same, 'nanoGPT', 'nanoGPT #2')}")
     return 0
 
 

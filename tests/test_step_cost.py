@@ -68,6 +68,8 @@ def test_host_time_alternates_the_order_of_building_and_of_steps(monkeypatch):
     control = step_cost.step_host_ms(("nanoGPT", "nanoGPT"), bias=False, steps=1, rounds=1,
                                      warmup=0)
     assert set(control) == {"nanoGPT", "nanoGPT #2"} and built == ["nanoGPT", "nanoGPT"]
+    rounds = step_cost.host_ms_rounds(bias=False, steps=2, rounds=3, warmup=0)
+    assert {kind: len(each) for kind, each in rounds.items()} == {"course": 3, "nanoGPT": 3}
 
 
 def test_an_unknown_kind_is_refused_by_name():

@@ -38,7 +38,7 @@ from ..models.gpt import GPTConfig, MiniGPT
 from .measure import operator_counts
 from .nanogpt import NanoGPT, NanoGPTConfig
 
-__all__ = ["CPU_RECIPE_RECORD", "CPU_SIZES", "GPU_SIZES", "TINY_SIZES",
+__all__ = ["CPU_RECIPE_RECORD", "CPU_SIZES", "GPU_SIZES", "TINY_SIZES", "host_ms_rounds",
            "layer_step_operator_counts", "step_batch", "step_host_ms", "step_model",
            "step_operator_counts", "training_step", "update_ms"]
 
@@ -133,16 +133,25 @@ def step_host_ms(kinds: Sequence[str] = KINDS, *, bias: bool, steps: int = 100,
                  rounds: int = 2, warmup: int = 10, impl: str = "sdpa",
                  nanogpt: tuple[type, type] | None = None) -> dict[str, float]:
     """Median host milliseconds of a training step at :data:`TINY_SIZES` on the CPU, per
-    kind: ``rounds`` rounds, each with fresh models and the median of ``steps`` steps per
-    kind; the figure is the median of its rounds' medians.
+    kind: the median of :func:`host_ms_rounds`' rounds (see there how they are taken)."""
+    times = host_ms_rounds(kinds, bias=bias, steps=steps, rounds=rounds, warmup=warmup,
+                           impl=impl, nanogpt=nanogpt)
+    return {label: statistics.median(values) for label, values in times.items()}
 
-    Two things move a model's figure by 1 to 3 % on their own, as a run of nanoGPT's model
-    against a second copy of itself shows (chapter 11): the order the models were built in
-    (the one built first measured slower) and the order of the steps. So round ``r`` builds
-    the models starting from kind ``r`` (with 2 rounds and 2 kinds each is built first once),
-    and the steps alternate: A B, B A, A B, ... so a busy moment of the machine hits every
-    kind. A kind named twice (``("nanoGPT", "nanoGPT")``, that control) is reported as
-    ``"nanoGPT"`` and ``"nanoGPT #2"``."""
+
+def host_ms_rounds(kinds: Sequence[str] = KINDS, *, bias: bool, steps: int = 100,
+                   rounds: int = 2, warmup: int = 10, impl: str = "sdpa",
+                   nanogpt: tuple[type, type] | None = None) -> dict[str, list[float]]:
+    """Each round's median host milliseconds of a training step at :data:`TINY_SIZES` on
+    the CPU, per kind: ``rounds`` rounds, each with fresh models and ``steps`` steps of each.
+
+    Two things move a model's figure by a few per cent on their own, as a run of nanoGPT's
+    model against a second copy of itself shows (chapter 11): the order the models were built
+    in, and the order of the steps. So round ``r`` builds the models starting from kind ``r``
+    (over an even number of rounds each of two kinds is built first as often), and the steps
+    alternate: A B, B A, A B, ... so a busy moment of the machine hits every kind. A kind
+    named twice (``("nanoGPT", "nanoGPT")``, that control) is reported as ``"nanoGPT"`` and
+    ``"nanoGPT #2"``."""
     labels = [kind if kinds.index(kind) == i else f"{kind} #{kinds[:i + 1].count(kind)}"
               for i, kind in enumerate(kinds)]
     times: dict[str, list[float]] = {label: [] for label in labels}
@@ -165,7 +174,7 @@ def step_host_ms(kinds: Sequence[str] = KINDS, *, bias: bool, steps: int = 100,
             order.reverse()  # A B, B A, ...: neither kind always follows the other
         for label in labels:
             times[label].append(1e3 * statistics.median(each[label]))
-    return {label: statistics.median(values) for label, values in times.items()}
+    return times
 
 
 def update_ms(sizes: dict[str, Any] = CPU_SIZES, *, steps: int = 100, warmup: int = 5
