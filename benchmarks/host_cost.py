@@ -1,7 +1,8 @@
 """What one training step costs the host: MiniGPT against nanoGPT (issue 42, chapter 11).
 
-On a GPU every PyTorch operator a step dispatches is one kernel launch, and the Python and
-dispatcher work to issue it is time the GPU waits for when the model is small. Both can be
+Every PyTorch operator a step dispatches costs the host Python and dispatcher work; on a GPU
+most of them launch a kernel (views launch none), and when the model is small the GPU waits
+for the host to issue them. Both can be
 measured without a GPU:
 
 * **aten operators per step**: one step (forward with the loss, backward, AdamW with
@@ -10,7 +11,7 @@ measured without a GPU:
   nothing is computed, counted by a ``TorchDispatchMode``. The count depends only on the
   code: the same on every machine.
 * **host milliseconds per step** at tiny sizes (width 48, context 8, batch 1, one thread),
-  where the arithmetic is negligible and what is left is the host's work: the median of
+  where the arithmetic is small and the same for both models: the median of
   ``--steps`` steps per model in each of ``--rounds`` rounds (2 by default), fresh models
   each round, built in the other order every other round, their steps taken in turn (course,
   nanoGPT, nanoGPT, course, ...). Each model's figure is the median of its rounds' medians;

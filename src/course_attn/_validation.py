@@ -390,7 +390,7 @@ def check_token_ids_and_min(value: object, name: str, vocab_size: int, *,
         return value, None
     allowed = "" if ignore_index is None else f" or {ignore_index} (ignored)"
     if ignore_index in (None, -1):
-        # one reduction and one read for both ends (a training step pays this twice)
+        # one reduction for both ends, and a read of each (MiniGPT's door: its targets)
         low, high = (int(end) for end in torch.aminmax(value))
         if not (low >= (0 if ignore_index is None else -1) and high < vocab_size):
             raise ValueError(f"{name} must hold token ids in [0, vocab_size={vocab_size})"

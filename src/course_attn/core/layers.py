@@ -209,7 +209,7 @@ class MultiHeadAttention(nn.Module):
         With as many key/value heads as query heads, one ``view``, one ``permute`` and one
         ``unbind`` split all three into heads: 3 operators where splitting first and then
         viewing and transposing each takes 7, and as many fewer in the backward pass (each
-        is a kernel launch's worth of host time on a GPU, issue 42). With fewer key/value
+        costs the host dispatcher time, issue 42). With fewer key/value
         heads (GQA) the widths differ, and each is split on its own.
         """
         assert self.qkv_proj is not None

@@ -1,7 +1,8 @@
 """What one training step costs the host: operators and milliseconds (Chapter 11, issue 42).
 
-On a GPU every PyTorch operator a step dispatches is one kernel launch, and the Python and
-dispatcher work to issue it is time the GPU waits for when the model is small. Both are
+Every PyTorch operator a step dispatches costs the host Python and dispatcher work; on a GPU
+most of them launch a kernel (views launch none), and when the model is small the GPU waits
+for the host to issue them. Both are
 measured here without a GPU, for ``MiniGPT`` and for nanoGPT's model
 (:class:`~course_attn.lab.nanogpt.NanoGPT`) built with the same layers, heads, dropout and
 bias setting, and the same AdamW (weight decay on matrices only):
@@ -11,7 +12,7 @@ bias setting, and the same AdamW (weight decay on matrices only):
   (:data:`GPU_SIZES`) on the ``meta`` device, where nothing is computed: the count depends
   only on the code, the same on every machine;
 * :func:`step_host_ms`: the median host milliseconds of a step at :data:`TINY_SIZES`, where
-  the arithmetic is negligible, the two models' steps taken in turn.
+  the arithmetic is small and the same for both models, the two models' steps taken in turn.
 
 ``benchmarks/host_cost.py`` prints both as a table.
 
@@ -45,7 +46,7 @@ __all__ = ["CPU_RECIPE_RECORD", "CPU_SIZES", "GPU_SIZES", "TINY_SIZES", "host_ms
 #: The gpu preset's model and batch (nanoGPT's "baby GPT").
 GPU_SIZES: dict[str, Any] = dict(n_layers=6, n_heads=6, d_model=384, context_length=256,
                                  batch=64, dropout=0.2)
-#: The same layers at sizes where a step's arithmetic is negligible: what is left is host work.
+#: The same layers at sizes where a step's arithmetic is small, and the same for both models.
 TINY_SIZES: dict[str, Any] = dict(GPU_SIZES, d_model=48, context_length=8, batch=1)
 #: The cpu preset's model and batch (nanoGPT's CPU recipe).
 CPU_SIZES: dict[str, Any] = dict(n_layers=4, n_heads=4, d_model=128, context_length=64,
@@ -145,9 +146,9 @@ def host_ms_rounds(kinds: Sequence[str] = KINDS, *, bias: bool, steps: int = 100
     """Each round's median host milliseconds of a training step at :data:`TINY_SIZES` on
     the CPU, per kind: ``rounds`` rounds, each with fresh models and ``steps`` steps of each.
 
-    Two things move a model's figure by a few per cent on their own, as a run of nanoGPT's
-    model against a second copy of itself shows (chapter 11): the order the models were built
-    in, and the order of the steps. So round ``r`` builds the models starting from kind ``r``
+    A run of nanoGPT's model against a second copy of itself (``benchmarks/host_cost.py``'s
+    control) shows figures that differ with nothing in the code to differ; the order the models
+    were built in and the order of their steps are two things that can favour one of them. So round ``r`` builds the models starting from kind ``r``
     (over an even number of rounds each of two kinds is built first as often), and the steps
     alternate: A B, B A, A B, ... so a busy moment of the machine hits every kind. A kind
     named twice (``("nanoGPT", "nanoGPT")``, that control) is reported as ``"nanoGPT"`` and
