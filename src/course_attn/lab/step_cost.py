@@ -147,11 +147,12 @@ def host_ms_rounds(kinds: Sequence[str] = KINDS, *, bias: bool, steps: int = 100
     the CPU, per kind: ``rounds`` rounds, each with fresh models and ``steps`` steps of each.
 
     A run of nanoGPT's model against a second copy of itself (``benchmarks/host_cost.py``'s
-    control) shows figures that differ with nothing in the code to differ; the order the models
-    were built in and the order of their steps are two things that can favour one of them. So round ``r`` builds the models starting from kind ``r``
-    (over an even number of rounds each of two kinds is built first as often), and the steps
-    alternate: A B, B A, A B, ... so a busy moment of the machine hits every kind. A kind
-    named twice (``("nanoGPT", "nanoGPT")``, that control) is reported as ``"nanoGPT"`` and
+    control) shows figures that differ with nothing in the code to differ; the order the
+    models were built in and the order of their steps are two things that can favour one of
+    them. So round ``r`` builds the models starting from kind ``r`` (over an even number of
+    rounds each of two kinds is built first as often), and the steps alternate: A B, B A,
+    A B, ... so a busy moment of the machine hits every kind. A kind named twice
+    (``("nanoGPT", "nanoGPT")``, that control) is reported as ``"nanoGPT"`` and
     ``"nanoGPT #2"``."""
     labels = [kind if kinds.index(kind) == i else f"{kind} #{kinds[:i + 1].count(kind)}"
               for i, kind in enumerate(kinds)]
