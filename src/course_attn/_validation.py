@@ -46,7 +46,6 @@ __all__ = [
     "check_sequence",
     "check_token_id_tensor",
     "check_token_ids",
-    "check_token_ids_and_min",
     "check_token_mask",
     "trust_children",
     "trusting",
@@ -358,8 +357,23 @@ def check_token_ids(value: object, name: str, vocab_size: int, *,
     ``ignore_index`` is one more allowed value (``-1``: left out of a loss). The
     range is checked only where :func:`values_checkable` allows.
     """
-    return check_token_ids_and_min(value, name, vocab_size, shape=shape,
-                                   ignore_index=ignore_index)[0]
+    value = check_token_id_tensor(value, name, shape=shape)
+    if not values_checkable(value):
+        return value
+    allowed = "" if ignore_index is None else f" or {ignore_index} (ignored)"
+    if ignore_index in (None, -1):  # one reduction for both ends, and a read of each
+        low, high = (int(end) for end in torch.aminmax(value))
+        if not (low >= (0 if ignore_index is None else -1) and high < vocab_size):
+            raise ValueError(f"{name} must hold token ids in [0, vocab_size={vocab_size})"
+                             f"{allowed}, got values in [{low}, {high}]")
+        return value
+    bad = (value < 0) | (value >= vocab_size)
+    bad &= value != ignore_index
+    if bad.any():
+        raise ValueError(f"{name} must hold token ids in [0, vocab_size={vocab_size})"
+                         f"{allowed}, got values in [{int(value.min())}, "
+                         f"{int(value.max())}]")
+    return value
 
 
 def check_token_id_tensor(value: object, name: str, *,
@@ -377,32 +391,6 @@ def check_token_id_tensor(value: object, name: str, *,
         raise ValueError(f"{name} must have shape (B, T) with B >= 1 and T >= 1, "
                          f"got {tuple(value.shape)}")
     return value
-
-
-def check_token_ids_and_min(value: object, name: str, vocab_size: int, *,
-                            shape: Sequence[int] | None = None, ignore_index: int | None = None
-                            ) -> tuple[Tensor, int | None]:
-    """:func:`check_token_ids`, and the smallest value it read: ``None`` where the values
-    could not be read (:func:`values_checkable`). ``MiniGPT`` learns from it, for free,
-    whether any target is ``-1`` (left out)."""
-    value = check_token_id_tensor(value, name, shape=shape)
-    if not values_checkable(value):
-        return value, None
-    allowed = "" if ignore_index is None else f" or {ignore_index} (ignored)"
-    if ignore_index in (None, -1):
-        # one reduction for both ends, and a read of each (MiniGPT's door: its targets)
-        low, high = (int(end) for end in torch.aminmax(value))
-        if not (low >= (0 if ignore_index is None else -1) and high < vocab_size):
-            raise ValueError(f"{name} must hold token ids in [0, vocab_size={vocab_size})"
-                             f"{allowed}, got values in [{low}, {high}]")
-        return value, low
-    bad = (value < 0) | (value >= vocab_size)
-    bad &= value != ignore_index
-    if bad.any():
-        raise ValueError(f"{name} must hold token ids in [0, vocab_size={vocab_size})"
-                         f"{allowed}, got values in [{int(value.min())}, "
-                         f"{int(value.max())}]")
-    return value, int(value.min())
 
 
 def check_token_mask(value: object, name: str, shape: Sequence[int], *,

@@ -24,8 +24,8 @@ from .._validation import (
     check_sequence,
     check_token_id_tensor,
     check_token_ids,
-    check_token_ids_and_min,
     check_token_mask,
+    values_checkable,
 )
 from ..core.checks import check_caches, check_cross_caches, check_on_device
 
@@ -64,8 +64,9 @@ def _check_mask(mask: object, name: str, shape: tuple[int, ...], ids: Tensor, id
 def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: object,
                    caches: object, need_weights: object) -> tuple[Tensor | None, bool]:
     """Check ``MiniGPT.forward``'s arguments; return ``attention_mask`` on ``idx``'s device,
-    and whether the targets were read and none is ``-1`` (then every target counts in the
-    loss, and it needs no guard against counting none)."""
+    and whether the loss may read its own value and check the targets' range itself
+    (a training call on the CPU with neither a cache nor padding: ``MiniGPT`` passes it to
+    ``next_token_loss(may_read=...)``)."""
     c = model.config
     idx = check_token_id_tensor(idx, "idx")  # its range: embed_token_ids, by the lookup
     # the token table's device, not next(model.parameters()): no generator walked per call
@@ -80,16 +81,19 @@ def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: obj
         raise ValueError(f"the sequence has {past + time} tokens (T={time}"
                          + (f" after {past} cached" if past else "")
                          + f"), more than context_length={c.context_length}")
-    every_target_counts = False
+    may_read = False
     if targets is not None:
-        targets, low = check_token_ids_and_min(targets, "targets", c.vocab_size,
-                                               shape=idx.shape, ignore_index=-1)
+        if caches is None and attention_mask is None:  # the loss checks their range
+            targets = check_token_id_tensor(targets, "targets", shape=idx.shape)
+            may_read = values_checkable(targets)
+        else:  # a cache grows, or padding hides targets, before the loss: check them here
+            targets = check_token_ids(targets, "targets", c.vocab_size, shape=idx.shape,
+                                      ignore_index=-1)
         if targets.device != idx.device:
             raise ValueError(f"targets are on {targets.device} but idx is on {idx.device}")
-        every_target_counts = low is not None and low >= 0
     mask = _check_mask(attention_mask, "attention_mask", (batch, past + time), idx, "idx",
                        rows_nonempty=True)
-    return mask, every_target_counts
+    return mask, may_read
 
 
 def embed_token_ids(embed: nn.Embedding, idx: Tensor) -> Tensor:

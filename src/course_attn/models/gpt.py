@@ -34,6 +34,7 @@ from .._validation import (
     check_positive_int,
     check_positive_real,
     check_probability,
+    check_token_ids,
     trust_children,
     trusting,
 )
@@ -126,26 +127,46 @@ class GPTConfig:
         check_choice(self.activation, "activation", ACTIVATIONS)
 
 
-def next_token_loss(logits: Tensor, targets: Tensor, *,
-                    every_target_counts: bool = False) -> Tensor:
+def next_token_loss(logits: Tensor, targets: Tensor, *, may_read: bool = False) -> Tensor:
     """Mean cross-entropy of ``logits (B, T, N_vocab)`` against ``targets (B, T)``, ``-1`` left out.
 
     Computed as (sum of the per-token losses) / max(number of counted targets, 1):
     exactly ``F.cross_entropy(..., ignore_index=-1)`` when a target counts, and
     ``0`` instead of 0/0 = NaN when none does, without reading a tensor value
-    (Chapter 11). ``every_target_counts``: the caller has read the targets and none is
-    ``-1`` (``MiniGPT``'s door does, on the CPU); then the plain mean, which cannot be
-    0/0, without the four operators that count the targets (the same bits on the CPU).
+    (Chapter 11). ``may_read``: the caller lets it read one value (the CPU, where a read
+    is no host-device synchronisation; ``MiniGPT``'s door says when): then the plain mean,
+    read once, and the formula above only when that read is NaN. The plain mean gives the
+    same bits on the CPU without the four operators that count the targets, forward and
+    backward.
     """
     # Half-precision logits are upcast: log-softmax over N_vocab entries needs the range.
     flat = logits.reshape(-1, logits.shape[-1])  # (B, T, N_vocab) -> (B*T, N_vocab)
     if flat.dtype in (torch.float16, torch.bfloat16):
         flat = flat.float()
     flat_targets = targets.reshape(-1)  # (B*T,)
-    if every_target_counts:
-        return F.cross_entropy(flat, flat_targets, ignore_index=-1)
+    if may_read:
+        loss = F.cross_entropy(flat, flat_targets, ignore_index=-1)
+        if not math.isnan(loss.item()):  # NaN: no target counts (0/0), or NaN logits
+            return loss
     loss_sum = F.cross_entropy(flat, flat_targets, ignore_index=-1, reduction="sum")
     return loss_sum / (flat_targets != -1).sum().clamp(min=1)
+
+
+def _loss_checking_targets(logits: Tensor, targets: Tensor, *, may_read: bool) -> Tensor:
+    """:func:`next_token_loss`, doing the door's range check of ``targets (B, T)`` where the
+    door left it to the loss (``may_read``, see ``check_gpt_call``).
+
+    On the CPU ``cross_entropy`` checks every target anyway and raises ``IndexError`` for
+    one outside ``[0, N_vocab)`` that is not ``-1``; that becomes the door's ``ValueError``,
+    as for ``idx`` (``embed_token_ids``). So a training step reads no target value, where
+    the door read both ends (a reduction and two reads, issue 42).
+    """
+    try:
+        return next_token_loss(logits, targets, may_read=may_read)
+    except IndexError as error:
+        lookup = error
+    check_token_ids(targets, "targets", logits.shape[-1], ignore_index=-1)  # not chained
+    raise lookup
 
 
 class MiniGPT(nn.Module):
@@ -220,15 +241,18 @@ class MiniGPT(nn.Module):
         ``loss`` is :func:`next_token_loss`. ``need_weights``: every block's attention runs
         the manual path and returns its weights, for a forward hook on ``block.self_attn``.
         """
-        counted = False  # the door read the targets and none is -1 (CPU): no 0/0 guard
+        may_read = False  # the loss may read its value and checks the targets (CPU)
         if self.check_inputs:
-            attention_mask, counted = check_gpt_call(self, idx, targets, attention_mask,
-                                                     caches, need_weights)
+            attention_mask, may_read = check_gpt_call(self, idx, targets, attention_mask,
+                                                      caches, need_weights)
             if doc_ids is not None:
                 doc_ids = check_packed_call(idx, doc_ids, attention_mask, caches)
         c, time = self.config, idx.shape[1]
         past = 0 if caches is None else caches[0].length  # cached positions before idx
-        positions = torch.arange(past, past + time, device=idx.device)  # (T,)
+        # Positions past .. past + T - 1, as a slice: a learned or fixed table gives its
+        # rows as a view, which costs the host less than a lookup forward and backward
+        # (arange, index_select, embedding_dense_backward) and gives the same gradients.
+        positions: Tensor | slice = slice(past, past + time)
         windowed = c.window is not None and c.window < past + time
         mask = None  # plain causal self-attention: is_causal=True, FlashAttention-eligible
         if doc_ids is not None:  # packed documents: attention and positions stay in each one
@@ -241,13 +265,16 @@ class MiniGPT(nn.Module):
                 mask = mask & attention_mask[:, None, None, :]  # (B, 1, T, T_cache + T)
                 positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
         x = embed_token_ids(self.embed, idx) if self.check_inputs else self.embed(idx)  # (B, T, D)
-        if self.pos is not None:
-            x = x + self.pos(positions)  # (B, T, D) + ((B,) T, D)
+        if self.pos is not None:  # a slice of the table's rows, or a lookup of each position
+            x = x + (self.pos.weight[positions] if isinstance(positions, slice)
+                     else self.pos(positions))  # (B, T, D) + ((B,) T, D)
         if self.pos_table is not None:
             x = x + self.pos_table[positions].to(x.dtype)  # (B, T, D) + ((B,) T, D)
         x = self.drop(x)
         rotate = None  # RoPE: one rotation at these positions, made once for every block
         if c.pos_encoding == "rope":
+            if isinstance(positions, slice):
+                positions = torch.arange(past, past + time, device=idx.device)  # (T,)
             rotate = rope_rotation(positions, c.d_model // c.n_heads, like=self.embed.weight)
         bias = None if self.alibi is None else self.alibi[:, past:past + time, :past + time]
         # Only the arguments this call has: each keyword costs every block's call host time
@@ -264,8 +291,8 @@ class MiniGPT(nn.Module):
         if targets is None:
             return logits, None
         if attention_mask is not None:  # padding predicts nothing
-            targets, counted = targets.masked_fill(~attention_mask[:, past:], -1), False
-        return logits, next_token_loss(logits, targets, every_target_counts=counted)
+            targets = targets.masked_fill(~attention_mask[:, past:], -1)
+        return logits, _loss_checking_targets(logits, targets, may_read=may_read)
 
     def num_parameters(self, *, non_embedding: bool = False) -> int:
         """Parameters (a tied matrix counts once), optionally without ``pos`` (Chapter 11)."""
