@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from course_attn import attention_maps
+from course_attn._validation import trusting
 from course_attn.core.layers import TransformerBlock
 from course_attn.lab.measure import operator_counts
 from course_attn.models.decoding import pick_next
@@ -270,17 +271,55 @@ def test_a_loss_that_may_read_is_the_plain_mean_with_the_same_bits(left_out):
 
 def test_the_loss_checks_the_targets_range_where_the_door_left_it_to_it():
     """The door no longer reads a plain training call's targets: the CPU loss checks each
-    one anyway, and its IndexError becomes the door's ValueError, not chained."""
+    one anyway, and its IndexError becomes the door's ValueError, not chained (after the
+    forward: its hooks have run). With a cache or padding the door still reads them first:
+    a cache would grow, and padding would hide a bad target at a padded position."""
     model = tiny().train()
+    ran = []
+    model.blocks[0].register_forward_hook(lambda *_: ran.append(True))
+    message = rf"^targets must hold token ids in \[0, vocab_size={V}\) or -1 \(ignored\)"
     for bad in (V, -2):
         targets = torch.zeros_like(IDX)
         targets[0, 1] = bad
-        with pytest.raises(ValueError, match=rf"^targets must hold token ids in \[0, "
-                                             rf"vocab_size={V}\) or -1 \(ignored\), got "
-                                             rf"values in \[{min(bad, 0)}, {max(bad, 0)}\]$"
-                           ) as caught:
+        with pytest.raises(ValueError, match=message + rf", got values in \[{min(bad, 0)}, "
+                                                       rf"{max(bad, 0)}\]$") as caught:
             model(IDX, targets)
         assert caught.value.__context__ is None and caught.value.__cause__ is None
+        assert ran  # the price of reading nothing: the error comes after the forward
+        ran.clear()
+        padded = targets.clone()
+        padded[1, 0] = bad  # a padded position of MASK's row 1
+        padded[0, 1] = 0
+        with pytest.raises(ValueError, match=message):
+            model(IDX, padded, attention_mask=MASK)
+        caches = model.new_caches()
+        with pytest.raises(ValueError, match=message):
+            model(IDX, targets, caches=caches)
+        assert not ran and caches[0].length == 0  # refused at the door, the cache as it was
+
+
+def test_nan_logits_still_give_a_nan_loss_on_either_path():
+    """The loss that may read turns only 0/0 into 0: NaN logits on a counted target give
+    NaN, as the guarded formula does (a fallback that zeroed every NaN would hide a
+    diverged run)."""
+    logits = torch.randn(1, 3, V, dtype=torch.float64)
+    logits[0, 1, 2] = float("nan")
+    targets = torch.tensor([[1, 2, -1]])
+    for may_read in (False, True):
+        assert next_token_loss(logits, targets, may_read=may_read).isnan()
+    assert next_token_loss(logits, torch.full_like(targets, -1), may_read=True) == 0
+
+
+def test_a_shut_door_past_the_position_table_fails_loudly():
+    """With the door shut (``trusting``), positions past the learned or fixed table fail,
+    as a lookup did, and do not give a silently shorter output: the table's rows are taken
+    with ``narrow``, which refuses to run past the end."""
+    for pos_encoding in ("learned", "sinusoidal"):
+        model = tiny(context_length=6, pos_encoding=pos_encoding)
+        caches = model.new_caches()
+        model(IDX[:1, :5].repeat(1, 2)[:, :6], caches=caches)  # 6 cached positions
+        with trusting(model), pytest.raises(RuntimeError):
+            model(IDX[:1, :1], caches=caches)
 
 
 @pytest.mark.parametrize("how", ["all -1", "all padding"])

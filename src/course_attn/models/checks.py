@@ -25,7 +25,6 @@ from .._validation import (
     check_token_id_tensor,
     check_token_ids,
     check_token_mask,
-    values_checkable,
 )
 from ..core.checks import check_caches, check_cross_caches, check_on_device
 
@@ -64,9 +63,9 @@ def _check_mask(mask: object, name: str, shape: tuple[int, ...], ids: Tensor, id
 def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: object,
                    caches: object, need_weights: object) -> tuple[Tensor | None, bool]:
     """Check ``MiniGPT.forward``'s arguments; return ``attention_mask`` on ``idx``'s device,
-    and whether the loss may read its own value and check the targets' range itself
-    (a training call on the CPU with neither a cache nor padding: ``MiniGPT`` passes it to
-    ``next_token_loss(may_read=...)``)."""
+    and whether the loss may read its own value and checks the targets' range itself (a
+    training call with neither a cache nor padding: ``MiniGPT`` passes it to
+    ``next_token_loss(may_read=...)``, which reads only where ``values_checkable``)."""
     c = model.config
     idx = check_token_id_tensor(idx, "idx")  # its range: embed_token_ids, by the lookup
     # the token table's device, not next(model.parameters()): no generator walked per call
@@ -85,7 +84,7 @@ def check_gpt_call(model: Any, idx: object, targets: object, attention_mask: obj
     if targets is not None:
         if caches is None and attention_mask is None:  # the loss checks their range
             targets = check_token_id_tensor(targets, "targets", shape=idx.shape)
-            may_read = values_checkable(targets)
+            may_read = True  # where values are checkable (the loss asks)
         else:  # a cache grows, or padding hides targets, before the loss: check them here
             targets = check_token_ids(targets, "targets", c.vocab_size, shape=idx.shape,
                                       ignore_index=-1)

@@ -37,6 +37,7 @@ from .._validation import (
     check_token_ids,
     trust_children,
     trusting,
+    values_checkable,
 )
 from ..core.attention import ATTENTION_IMPLS, AttentionFunction
 from ..core.kv_cache import KVCache, new_caches
@@ -135,16 +136,17 @@ def next_token_loss(logits: Tensor, targets: Tensor, *, may_read: bool = False) 
     ``0`` instead of 0/0 = NaN when none does, without reading a tensor value
     (Chapter 11). ``may_read``: the caller lets it read one value (the CPU, where a read
     is no host-device synchronisation; ``MiniGPT``'s door says when): then the plain mean,
-    read once, and the formula above only when that read is NaN. The plain mean gives the
-    same bits on the CPU without the four operators that count the targets, forward and
-    backward.
+    read once, and the formula above only when that read is NaN (no target counts, or NaN
+    or infinite logits, which then give NaN again). The plain mean gives the same bits on
+    the CPU without the four operators that count the targets, forward and backward.
+    Where a read would synchronise or break a graph (``values_checkable``), it counts.
     """
     # Half-precision logits are upcast: log-softmax over N_vocab entries needs the range.
     flat = logits.reshape(-1, logits.shape[-1])  # (B, T, N_vocab) -> (B*T, N_vocab)
     if flat.dtype in (torch.float16, torch.bfloat16):
         flat = flat.float()
     flat_targets = targets.reshape(-1)  # (B*T,)
-    if may_read:
+    if may_read and values_checkable(flat):
         loss = F.cross_entropy(flat, flat_targets, ignore_index=-1)
         if not math.isnan(loss.item()):  # NaN: no target counts (0/0), or NaN logits
             return loss
@@ -159,7 +161,9 @@ def _loss_checking_targets(logits: Tensor, targets: Tensor, *, may_read: bool) -
     On the CPU ``cross_entropy`` checks every target anyway and raises ``IndexError`` for
     one outside ``[0, N_vocab)`` that is not ``-1``; that becomes the door's ``ValueError``,
     as for ``idx`` (``embed_token_ids``). So a training step reads no target value, where
-    the door read both ends (a reduction and two reads, issue 42).
+    the door read both ends (a reduction and two reads, issue 42). The price: such an error
+    comes after the forward, whose forward hooks have run and whose dropout has drawn
+    (nothing else changes: the door checks the targets itself where a cache would grow).
     """
     try:
         return next_token_loss(logits, targets, may_read=may_read)
@@ -249,10 +253,10 @@ class MiniGPT(nn.Module):
                 doc_ids = check_packed_call(idx, doc_ids, attention_mask, caches)
         c, time = self.config, idx.shape[1]
         past = 0 if caches is None else caches[0].length  # cached positions before idx
-        # Positions past .. past + T - 1, as a slice: a learned or fixed table gives its
-        # rows as a view, which costs the host less than a lookup forward and backward
-        # (arange, index_select, embedding_dense_backward) and gives the same gradients.
-        positions: Tensor | slice = slice(past, past + time)
+        # None: positions past .. past + T - 1, the rows of a learned or fixed table taken
+        # as a view (narrow; past the table's end it fails, as a lookup would): no arange,
+        # and slice_backward in place of embedding_dense_backward, with the same bits.
+        positions: Tensor | None = None
         windowed = c.window is not None and c.window < past + time
         mask = None  # plain causal self-attention: is_causal=True, FlashAttention-eligible
         if doc_ids is not None:  # packed documents: attention and positions stay in each one
@@ -265,15 +269,16 @@ class MiniGPT(nn.Module):
                 mask = mask & attention_mask[:, None, None, :]  # (B, 1, T, T_cache + T)
                 positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
         x = embed_token_ids(self.embed, idx) if self.check_inputs else self.embed(idx)  # (B, T, D)
-        if self.pos is not None:  # a slice of the table's rows, or a lookup of each position
-            x = x + (self.pos.weight[positions] if isinstance(positions, slice)
+        if self.pos is not None:  # the table's rows as a view, or a lookup of each position
+            x = x + (self.pos.weight.narrow(0, past, time) if positions is None
                      else self.pos(positions))  # (B, T, D) + ((B,) T, D)
         if self.pos_table is not None:
-            x = x + self.pos_table[positions].to(x.dtype)  # (B, T, D) + ((B,) T, D)
+            x = x + (self.pos_table.narrow(0, past, time) if positions is None
+                     else self.pos_table[positions]).to(x.dtype)  # (B, T, D) + ((B,) T, D)
         x = self.drop(x)
         rotate = None  # RoPE: one rotation at these positions, made once for every block
         if c.pos_encoding == "rope":
-            if isinstance(positions, slice):
+            if positions is None:
                 positions = torch.arange(past, past + time, device=idx.device)  # (T,)
             rotate = rope_rotation(positions, c.d_model // c.n_heads, like=self.embed.weight)
         bias = None if self.alibi is None else self.alibi[:, past:past + time, :past + time]
