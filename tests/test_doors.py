@@ -207,7 +207,7 @@ def test_an_id_outside_the_table_is_named_by_the_lookup_not_a_raw_index_error(ba
 
 def test_a_training_call_reads_its_loss_once_and_its_ids_and_targets_never():
     """The lookup checks the ids' range and the loss the targets'; the loss reads its own
-    value once (0/0 gives NaN, then 0): a forward makes no reduction and one read, where it
+    value once (0/0 gives NaN, then 0): a forward makes no aminmax and one read, where it
     once made two and four (issue 42)."""
     model = MiniGPT(GPTConfig(vocab_size=7, context_length=8, n_layers=2, n_heads=2,
                               d_model=8)).train()
