@@ -253,10 +253,7 @@ class MiniGPT(nn.Module):
                 doc_ids = check_packed_call(idx, doc_ids, attention_mask, caches)
         c, time = self.config, idx.shape[1]
         past = 0 if caches is None else caches[0].length  # cached positions before idx
-        # None: positions past .. past + T - 1, the rows of a learned or fixed table taken
-        # as a view (narrow; past the table's end it fails, as a lookup would): no arange,
-        # and slice_backward in place of embedding_dense_backward, with the same bits.
-        positions: Tensor | None = None
+        positions: Tensor | None = None  # None: past .. past + T - 1 (see _add_positions)
         windowed = c.window is not None and c.window < past + time
         mask = None  # plain causal self-attention: is_causal=True, FlashAttention-eligible
         if doc_ids is not None:  # packed documents: attention and positions stay in each one
@@ -269,13 +266,7 @@ class MiniGPT(nn.Module):
                 mask = mask & attention_mask[:, None, None, :]  # (B, 1, T, T_cache + T)
                 positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
         x = embed_token_ids(self.embed, idx) if self.check_inputs else self.embed(idx)  # (B, T, D)
-        if self.pos is not None:  # the table's rows as a view, or a lookup of each position
-            x = x + (self.pos.weight.narrow(0, past, time) if positions is None
-                     else self.pos(positions))  # (B, T, D) + ((B,) T, D)
-        if self.pos_table is not None:
-            x = x + (self.pos_table.narrow(0, past, time) if positions is None
-                     else self.pos_table[positions]).to(x.dtype)  # (B, T, D) + ((B,) T, D)
-        x = self.drop(x)
+        x = self.drop(self._add_positions(x, positions, past))  # (B, T, D)
         rotate = None  # RoPE: one rotation at these positions, made once for every block
         if c.pos_encoding == "rope":
             if positions is None:
@@ -298,6 +289,23 @@ class MiniGPT(nn.Module):
         if attention_mask is not None:  # padding predicts nothing
             targets = targets.masked_fill(~attention_mask[:, past:], -1)
         return logits, _loss_checking_targets(logits, targets, may_read=may_read)
+
+    def _add_positions(self, x: Tensor, positions: Tensor | None, past: int) -> Tensor:
+        """``x (B, T, D)`` plus the learned or fixed table's rows at ``positions ((B,) T)``.
+
+        ``None`` stands for past .. past + T - 1: the rows are then taken as a view
+        (``narrow``, which fails past the table's end, as a lookup would), with no ``arange``,
+        and the backward runs ``slice_backward`` in place of ``embedding_dense_backward``,
+        with the same bits (issue 42). RoPE and ALiBi add nothing here.
+        """
+        time = x.shape[1]
+        if self.pos is not None:
+            x = x + (self.pos.weight.narrow(0, past, time) if positions is None
+                     else self.pos(positions))  # (B, T, D) + ((B,) T, D)
+        if self.pos_table is not None:
+            x = x + (self.pos_table.narrow(0, past, time) if positions is None
+                     else self.pos_table[positions]).to(x.dtype)  # (B, T, D) + ((B,) T, D)
+        return x
 
     def num_parameters(self, *, non_embedding: bool = False) -> int:
         """Parameters (a tied matrix counts once), optionally without ``pos`` (Chapter 11)."""
