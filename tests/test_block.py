@@ -206,6 +206,47 @@ def test_feed_forward_acts_on_each_position_alone():
     assert ff.linear1.out_features == 4 * D
 
 
+def test_feed_forward_has_a_dropout_module_only_where_it_drops():
+    """Issue 42: without dropout (GPT-2's and nanoGPT's feed-forward network, MiniGPT's) there
+    is no module to call or look up; with it, the hidden layer is dropped in training only."""
+    assert FeedForward(D).dropout is None
+    assert not any(isinstance(m, nn.Dropout) for m in FeedForward(D).modules())
+    torch.manual_seed(3)
+    ff = FeedForward(D, dropout=0.5).double()
+    assert isinstance(ff.dropout, nn.Dropout) and ff.dropout.p == 0.5
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    assert not torch.equal(ff(x), ff(x))  # two draws in training
+    ff.eval()
+    plain = FeedForward(D).double()
+    plain.load_state_dict(ff.state_dict())  # the same parameters, the same names
+    assert_close(ff(x), plain(x), atol=0, rtol=0)
+    block = TransformerBlock(D, H, dropout=0.1, ff_dropout=0.0)
+    assert block.ff.dropout is None and isinstance(block.dropout, nn.Dropout)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_a_block_hands_its_self_attention_only_the_options_it_was_given(norm_first):
+    """Issue 42: each keyword handed down costs host time in every layer; a plain causal call
+    (a training step's) hands down is_causal alone, and every option given still arrives."""
+    torch.manual_seed(2)
+    block = TransformerBlock(D, H, norm_first=norm_first)
+    seen = []
+    block.self_attn.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs), with_kwargs=True)
+    x = torch.randn(2, 5, D)
+    block(x, is_causal=True)
+    block(x)
+    mask = causal_mask(5)
+    block(x, mask=mask, need_weights=True)
+    pads = padding_mask([5, 3])
+    block(x, attention_mask=pads, need_weights=False)
+    assert seen[0] == {"is_causal": True} and seen[1] == {"is_causal": False}
+    assert seen[2].keys() == {"is_causal", "mask", "need_weights"} and seen[2]["need_weights"]
+    assert torch.equal(seen[2]["mask"], mask)
+    assert seen[3].keys() == {"is_causal", "attention_mask"}
+    assert torch.equal(seen[3]["attention_mask"], pads)
+
+
 # --- encoder-decoder: no leaks -----------------------------------------------------------
 
 

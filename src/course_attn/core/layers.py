@@ -171,58 +171,61 @@ class MultiHeadAttention(nn.Module):
                                                          mask, is_causal, need_weights, cache, bias)
         if attention_mask is not None or (mask is not None and mask.dim() == 3):
             mask = scores_mask(mask, attention_mask)  # one for every head: (B, 1, T_q, T_k)
-        key = query if key is None else key
-        value = key if value is None else value
-        (batch, t_q, _), t_k, hd = query.shape, key.shape[1], self.head_dim
-        cached = isinstance(cache, CrossKVCache) and cache.k is not None and cache.v is not None
-        if self.qkv_proj is not None:  # self-attention: q, k and v from one matmul
-            q, k, v = self._fused_heads(query)  # (B, H, T, hd), (B, H_kv, T, hd) twice
-        else:
-            assert self.q_proj is not None and self.k_proj is not None and self.v_proj is not None
-            q = self.q_proj(query).view(batch, t_q, self.n_heads, hd)  # (B, T_q, H, hd)
-            q = q.transpose(1, 2)  # (B, H, T_q, hd)
-            if not cached:  # the memory's keys and values are projected at step one only
-                k = self.k_proj(key).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
-                v = self.v_proj(value).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
-                k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, H_kv, T_k, hd) each
-        if rotate is not None:  # RoPE: a query is turned by its position
-            q = rotate(q)
-        if cached:
-            k, v = cache.k, cache.v  # type: ignore[union-attr,assignment]  # (B, H_kv, T_k, hd)
-        else:
-            if rotate is not None:  # RoPE: a key is turned by its own position, once, then cached
-                k = rotate(k)
-            if cache is not None:  # a KVCache appends them; a CrossKVCache keeps the memory's
-                k, v = cache.update(k, v)  # (B, H_kv, T_cache + T_k, hd)
-        if self.n_kv_heads != self.n_heads:  # GQA: each key/value head serves a group of queries
-            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T_k, hd)
-            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T_k, hd)
+        q, k, v = self._heads(query, key, value, cache, rotate)  # (B, H, T_q|T_k, hd) each
         attend = self.attention_fn or ATTENTION_FUNCTIONS["manual" if need_weights else self.impl]
         out, weights = attend(q, k, v, mask, is_causal=is_causal, bias=bias,
                               dropout_p=self.dropout if self.training else 0.0)  # (B, H, T_q, hd)
+        batch, t_q, _ = query.shape
         out = out.transpose(1, 2).reshape(batch, t_q, self.d_model)  # (B, T_q, H * hd)
         return self.out_proj(out), weights if need_weights else None
 
-    def _fused_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q ``(B, H, T, hd)``, k and v ``(B, H_kv, T, hd)`` of ``x (B, T, D)`` from ``qkv_proj``.
+    def _heads(self, query: Tensor, key: Tensor | None, value: Tensor | None,
+               cache: KVCache | CrossKVCache | None, rotate: Callable[[Tensor], Tensor] | None
+               ) -> tuple[Tensor, Tensor, Tensor]:
+        """q ``(B, H, T_q, hd)``, k and v ``(B, H, T_k, hd)`` for :meth:`forward`: projected and
+        split into heads, turned by ``rotate``, appended to ``cache``, and each key/value
+        head repeated for its group of query heads (GQA).
 
-        With as many key/value heads as query heads, one ``view``, one ``permute`` and one
-        ``unbind`` split all three into heads: 3 operators where splitting first and then
-        viewing and transposing each takes 7, and as many fewer in the backward pass (each
-        costs the host dispatcher time, issue 42). With fewer key/value
-        heads (GQA) the widths differ, and each is split on its own.
+        Fused, with as many key/value heads as query heads, one ``view``, one ``permute`` and
+        one ``unbind`` split all three into heads: 3 operators where splitting first and
+        then viewing and transposing each takes 7, and as many fewer in the backward pass
+        (issue 42). A :class:`CrossKVCache` that holds the memory's keys and values gives
+        them without projecting (the static cross-attention cache).
         """
-        assert self.qkv_proj is not None
-        (batch, time, _), hd = x.shape, self.head_dim
-        qkv = self.qkv_proj(x)  # (B, T, D + 2 kv_width)
-        if self.n_kv_heads == self.n_heads:  # rows: all of q's heads, then k's, then v's
-            qkv = qkv.view(batch, time, 3, self.n_heads, hd)  # (B, T, 3, H, hd)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (3, B, H, T, hd) -> 3 x (B, H, T, hd)
-            return q, k, v
-        q, k, v = qkv.split((self.d_model, self.kv_width, self.kv_width), -1)
-        return (q.view(batch, time, self.n_heads, hd).transpose(1, 2),  # (B, H, T, hd)
-                k.view(batch, time, self.n_kv_heads, hd).transpose(1, 2),  # (B, H_kv, T, hd)
-                v.view(batch, time, self.n_kv_heads, hd).transpose(1, 2))  # (B, H_kv, T, hd)
+        (batch, t_q, _), hd = query.shape, self.head_dim
+        fused, cached = self.qkv_proj, False
+        if fused is not None:  # self-attention: q, k and v from one matmul (nanoGPT's c_attn)
+            qkv = fused(query)  # (B, T, D + 2 kv_width)
+            if self.n_kv_heads == self.n_heads:  # rows: all of q's heads, then k's, then v's
+                qkv = qkv.view(batch, t_q, 3, self.n_heads, hd)  # (B, T, 3, H, hd)
+                q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (3, B, H, T, hd) -> 3 tensors
+            else:  # GQA: the widths differ, so each is split on its own
+                q, k, v = (part.view(batch, t_q, -1, hd).transpose(1, 2)  # (B, H or H_kv, T, hd)
+                           for part in qkv.split((self.d_model, self.kv_width, self.kv_width), -1))
+        else:  # three projections (chapters 3 and 6): key and value may be another sequence
+            assert self.q_proj is not None and self.k_proj is not None and self.v_proj is not None
+            q = self.q_proj(query).view(batch, t_q, self.n_heads, hd)  # (B, T_q, H, hd)
+            q = q.transpose(1, 2)  # (B, H, T_q, hd)
+            cached = isinstance(cache, CrossKVCache) and cache.k is not None and cache.v is not None
+            if cached:  # the memory's keys and values are projected at step one only
+                k, v = cache.k, cache.v  # type: ignore[union-attr]  # (B, H_kv, T_k, hd)
+            else:
+                key = query if key is None else key
+                value = key if value is None else value
+                t_k = key.shape[1]
+                k = self.k_proj(key).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
+                v = self.v_proj(value).view(batch, t_k, self.n_kv_heads, hd)  # (B, T_k, H_kv, hd)
+                k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, H_kv, T_k, hd) each
+        if rotate is not None:  # RoPE: a query is turned by its position, a new key by its own
+            q = rotate(q)
+            if not cached:  # turned once, before it is cached
+                k = rotate(k)
+        if cache is not None and not cached:  # a KVCache appends; a CrossKVCache keeps them
+            k, v = cache.update(k, v)  # (B, H_kv, T_cache + T_k, hd)
+        if self.n_kv_heads != self.n_heads:  # GQA: each key/value head serves a group of queries
+            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T_k, hd)
+            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T_k, hd)
+        return q, k, v
 
 
 def _fuse_qkv_state(module: nn.Module, state_dict: dict, prefix: str, *_: object) -> None:
@@ -245,7 +248,8 @@ NORMS = ("layer", "rms")
 class FeedForward(nn.Module):
     """Position-wise feed-forward network (Chapter 7): widen, non-linearity, project back.
 
-    ``(..., D) -> (..., D)``: ``linear2(dropout(act(linear1(x))))``. Attention mixes
+    ``(..., D) -> (..., D)``: ``linear2(dropout(act(linear1(x))))``, with no ``dropout``
+    module when ``dropout=0`` (``self.dropout is None``). Attention mixes
     information *across* positions; this mixes it *within* each position. With
     ``activation="swiglu"`` ``linear1`` makes two halves of width ``d_ff``, a gate and a
     value, and ``act`` is ``silu(gate) * value`` (SwiGLU; Llama keeps the parameter count
@@ -263,7 +267,8 @@ class FeedForward(nn.Module):
         check_bool(bias, "bias")
         self.linear1 = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
         self.activation = {"gelu": nn.GELU(), "relu": nn.ReLU(), "swiglu": nn.SiLU()}[activation]
-        self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
+        # None without dropout, as GPT-2 and nanoGPT have here: no call, no lookup (host time)
+        self.dropout = nn.Dropout(dropout) if check_probability(dropout, "dropout") else None
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -276,7 +281,7 @@ class FeedForward(nn.Module):
             h = self.activation(gate) * value  # (..., d_ff)
         else:
             h = self.activation(h)  # (..., d_ff)
-        if self.dropout.p:  # GPT-2 and nanoGPT have none here: skip the call (host time)
+        if self.dropout is not None:
             h = self.dropout(h)
         return self.linear2(h)  # (..., D)
 
@@ -405,12 +410,15 @@ class TransformerBlock(nn.Module):
                 self, x, attention_mask, mask, is_causal, memory, memory_attention_mask, cache,
                 cross_cache, need_weights)
         # Only the arguments this call has: each keyword handed down costs host time at every
-        # level of every layer of every step, and a plain causal call needs just is_causal.
-        given: dict[str, Any] = {name: value for name, value in (
-            ("attention_mask", attention_mask), ("mask", mask), ("cache", cache),
-            ("rotate", rotate), ("bias", bias)) if value is not None}
-        if need_weights:
-            given["need_weights"] = True
+        # level of every layer of every step. A plain causal call (a training step's) hands
+        # down just is_causal, and skips the sorting out too (issue 42).
+        given: dict[str, Any] = {}
+        if (attention_mask is not None or mask is not None or cache is not None
+                or rotate is not None or bias is not None or need_weights):
+            given = {name: value for name, value in (
+                ("attention_mask", attention_mask), ("mask", mask), ("cache", cache),
+                ("rotate", rotate), ("bias", bias), ("need_weights", need_weights or None))
+                if value is not None}
         if self.norm_first:  # pre-norm: the residual stream itself is never normalised
             h = self.self_attn(self.norm1(x), is_causal=is_causal, **given)[0]  # (B, T, D)
             x = x + self.dropout(h)
