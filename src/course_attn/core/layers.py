@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import (
@@ -237,9 +238,12 @@ def _fuse_qkv_state(module: nn.Module, state_dict: dict, prefix: str, *_: object
             state_dict[f"{prefix}qkv_proj.{kind}"] = torch.cat([state_dict.pop(n) for n in names])
 
 
+# Each feed-forward network's non-linearity (SwiGLU's gate is SiLU): the exact GELU, as nn.GELU()
+_NONLINEARITIES: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu, "relu": F.relu, "swiglu": F.silu}
 #: The feed-forward networks of :class:`FeedForward`: GELU (GPT-2), ReLU (the 2017 paper),
 #: and SwiGLU, the gated unit of Llama, Mistral and most models since (Shazeer 2020).
-ACTIVATIONS = ("gelu", "relu", "swiglu")
+ACTIVATIONS = tuple(_NONLINEARITIES)
 #: The norms a block can use: LayerNorm, or RMSNorm (Zhang and Sennrich 2019), which only
 #: rescales (no mean subtracted, no bias), as Llama and most models since.
 NORMS = ("layer", "rms")
@@ -266,7 +270,9 @@ class FeedForward(nn.Module):
         self.gated = check_choice(activation, "activation", ACTIVATIONS) == "swiglu"
         check_bool(bias, "bias")
         self.linear1 = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
-        self.activation = {"gelu": nn.GELU(), "relu": nn.ReLU(), "swiglu": nn.SiLU()}[activation]
+        # A function, not a module: it holds nothing, and a module call costs host time in
+        # every layer of every step (issue 42); Meta's Llama code calls F.silu the same way.
+        self.activation = _NONLINEARITIES[activation]
         # None without dropout, as GPT-2 and nanoGPT have here: no call, no lookup (host time)
         self.dropout = nn.Dropout(dropout) if check_probability(dropout, "dropout") else None
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
