@@ -138,3 +138,26 @@ def test_operator_counts_name_each_operator_of_a_training_step_on_meta():
     counts = operator_counts(step)
     assert counts["mm"] == 2  # forward x W^T, and the weight's gradient
     assert sum(counts.values()) == count_ops(step)
+
+
+def test_module_calls_counts_each_module_call_by_class_and_removes_its_hook():
+    """Chapter 11: every ``nn.Module`` call, nested ones included, and nothing after."""
+    from course_attn.lab.measure import module_calls
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    assert module_calls(lambda: net(x)) == {"Sequential": 1, "Linear": 2, "ReLU": 1}
+    assert module_calls(lambda: (net(x), net[0](x))) == {"Sequential": 1, "Linear": 3,
+                                                           "ReLU": 1}
+    assert module_calls(lambda: F.relu(x)) == {}  # a function is no module call
+
+    def fails() -> None:
+        net(x)
+        raise RuntimeError("inside")
+
+    with pytest.raises(RuntimeError, match="inside"):
+        module_calls(fails)
+    from torch.nn.modules.module import _global_forward_pre_hooks
+    assert not _global_forward_pre_hooks  # removed, even after a failure
+    with pytest.raises(TypeError, match="fn must be callable"):
+        module_calls("not a function")  # type: ignore[arg-type]

@@ -46,6 +46,7 @@ __all__ = [
     "SDPA_MISSING",
     "count_ops",
     "median_seconds",
+    "module_calls",
     "operator_counts",
     "peak_memory_bytes",
     "saved_tensor_bytes",
@@ -213,6 +214,28 @@ def operator_counts(fn: Callable[[], object]) -> Counter[str]:
 
     with _Counter():
         fn()
+    return counts
+
+
+def module_calls(fn: Callable[[], object]) -> Counter[str]:
+    """How many times ``fn()`` calls an ``nn.Module``, by class name (``"Linear"``, ...).
+
+    Each call runs ``nn.Module.__call__`` in Python (it looks for hooks before ``forward``),
+    host work that no operator count shows (Chapter 11). Counted with a global forward
+    pre-hook, removed afterwards even if ``fn`` fails.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    counts: Counter[str] = Counter()
+
+    def count(module: torch.nn.Module, args: object) -> None:
+        counts[type(module).__name__] += 1
+
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(count)
+    try:
+        fn()
+    finally:
+        hook.remove()
     return counts
 
 
