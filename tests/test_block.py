@@ -214,6 +214,7 @@ def test_feed_forward_calls_no_module_but_its_two_linear_layers(activation):
     torch.manual_seed(1)
     ff = FeedForward(D, activation=activation).double()
     assert [type(m) for m in ff.children()] == [nn.Linear, nn.Linear] and ff.dropout is None
+    assert f"activation={activation!r}" in repr(ff)  # the printed layer still names it
     x = torch.randn(2, 3, D, dtype=torch.float64)
     h = ff.linear1(x)
     if activation == "swiglu":

@@ -30,6 +30,19 @@ def test_a_step_is_counted_the_same_way_twice_and_both_models_run_it():
         assert counts["mm"] > 0 and any(op.startswith("_foreach_") for op in counts)
 
 
+def test_the_timed_step_is_counted_on_the_cpu_where_the_loss_reads_its_value():
+    """The step host_ms_rounds times (tiny sizes, CPU): the course's loss reads its value once
+    and does not count its targets; on meta it reads nothing and counts (clamp)."""
+    cpu = step_cost.step_operator_counts("course", bias=False, sizes=step_cost.TINY_SIZES,
+                                         device="cpu")
+    meta = step_cost.step_operator_counts("course", bias=False, sizes=step_cost.TINY_SIZES)
+    assert cpu["clamp"] == 0 and meta["clamp"] == 1
+    assert cpu["_local_scalar_dense"] == meta["_local_scalar_dense"] + 1  # AdamW's, the loss's
+    nano = step_cost.step_operator_counts("nanoGPT", bias=False, sizes=step_cost.TINY_SIZES,
+                                          device="cpu")
+    assert nano["clamp"] == 0 and total(cpu) < total(nano)
+
+
 def test_each_undone_simplification_costs_operators():
     plain = total(step_cost.step_operator_counts("course", bias=False))
     assert total(step_cost.step_operator_counts("course", bias=True)) > plain

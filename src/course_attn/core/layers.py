@@ -6,7 +6,9 @@ Transformer block that assembles them (pre-norm or post-norm, encoder or decoder
 
 Each layer has one ``forward``, and a parent calls its children through
 ``__call__`` (``self.self_attn(h, ...)``), so forward hooks, ``torch.compile`` and
-interpretability tools see every layer. A layer a reader builds checks its inputs
+interpretability tools see every layer (a function inside one, such as the feed-forward
+network's non-linearity, is seen through the layer it feeds: a forward pre-hook on
+``ff.linear2`` receives the activations). A layer a reader builds checks its inputs
 at its door (``course_attn.core.checks``); a layer built into a parent trusts the
 parent (``check_inputs`` is then ``False``, see ``trust_children``), so a model's
 inputs are checked once per forward, not once per layer and step.
@@ -160,8 +162,9 @@ class MultiHeadAttention(nn.Module):
         :class:`CrossKVCache` (cross-attention: ``key`` is the encoder output) the
         first call projects ``key`` and ``value`` into it and every later call reuses
         them without projecting (the static cross-attention cache). ``rotate`` turns the
-        queries and keys ``(B, H, T, head_dim)`` by their positions before the keys are
-        cached (RoPE, Chapter 10); ``bias`` is added to every head's scores (ALiBi).
+        queries ``(B, H, T, head_dim)`` and keys ``(B, H_kv, T, head_dim)`` by their
+        positions before the keys are cached (RoPE, Chapter 10); ``bias`` is added to every
+        head's scores (ALiBi).
 
         Returns ``(out (B, T_q, D), attn_weights)``, like ``nn.MultiheadAttention``:
         ``attn_weights (B, H, T_q, T_k)`` when ``need_weights=True`` (which uses the
@@ -191,7 +194,8 @@ class MultiHeadAttention(nn.Module):
         one ``unbind`` split all three into heads: 3 operators where splitting first and
         then viewing and transposing each takes 7, and as many fewer in the backward pass
         (issue 42). A :class:`CrossKVCache` that holds the memory's keys and values gives
-        them without projecting (the static cross-attention cache).
+        them without projecting (the static cross-attention cache); a fused layer is
+        self-attention only, and its door refuses a ``CrossKVCache``.
         """
         (batch, t_q, _), hd = query.shape, self.head_dim
         fused, cached = self.qkv_proj, False
@@ -253,7 +257,9 @@ class FeedForward(nn.Module):
     """Position-wise feed-forward network (Chapter 7): widen, non-linearity, project back.
 
     ``(..., D) -> (..., D)``: ``linear2(dropout(act(linear1(x))))``, with no ``dropout``
-    module when ``dropout=0`` (``self.dropout is None``). Attention mixes
+    module when ``dropout=0`` (``self.dropout is None``). ``act`` is a plain function
+    (``self.activation``, named by ``activation_name``), not a module: a forward pre-hook on
+    ``linear2`` receives its output (after the dropout, if any). Attention mixes
     information *across* positions; this mixes it *within* each position. With
     ``activation="swiglu"`` ``linear1`` makes two halves of width ``d_ff``, a gate and a
     value, and ``act`` is ``silu(gate) * value`` (SwiGLU; Llama keeps the parameter count
@@ -272,10 +278,16 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
         # A function, not a module: it holds nothing, and a module call costs host time in
         # every layer of every step (issue 42); Meta's Llama code calls F.silu the same way.
+        self.activation_name = activation
         self.activation = _NONLINEARITIES[activation]
-        # None without dropout, as GPT-2 and nanoGPT have here: no call, no lookup (host time)
-        self.dropout = nn.Dropout(dropout) if check_probability(dropout, "dropout") else None
+        # None without dropout (nanoGPT drops nothing between the two layers): no module call,
+        # and forward finds None in the instance's own dict, not via nn.Module's __getattr__
+        p = check_probability(dropout, "dropout")
+        self.dropout = nn.Dropout(p) if p else None
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation_name!r}"
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., D)`` -> ``(..., D)``. Values are not scanned: NaN stays in its position."""
@@ -423,8 +435,8 @@ class TransformerBlock(nn.Module):
                 or rotate is not None or bias is not None or need_weights):
             given = {name: value for name, value in (
                 ("attention_mask", attention_mask), ("mask", mask), ("cache", cache),
-                ("rotate", rotate), ("bias", bias), ("need_weights", need_weights or None))
-                if value is not None}
+                ("rotate", rotate), ("bias", bias),
+                ("need_weights", True if need_weights else None)) if value is not None}
         if self.norm_first:  # pre-norm: the residual stream itself is never normalised
             h = self.self_attn(self.norm1(x), is_causal=is_causal, **given)[0]  # (B, T, D)
             x = x + self.dropout(h)

@@ -19,9 +19,10 @@ worst, beyond what was already allocated when it started?"
 synchronising a GPU around each run. Timings depend on the machine and its load;
 compare only figures measured in the same run.
 
-Three counts depend on the code and the shapes only, so they are the same on
+Four counts depend on the code and the shapes only, so they are the same on
 every machine: :func:`saved_tensor_bytes` (what autograd keeps for the backward
-pass), :func:`count_ops` (how many PyTorch operators a call runs) and
+pass), :func:`count_ops` (how many PyTorch operators a call runs),
+:func:`module_calls` (how many ``nn.Module`` calls, Chapter 11) and
 :func:`sdpa_backend` (which of ``scaled_dot_product_attention``'s kernels a call
 uses, read from the profiler's operator names).
 """
@@ -220,9 +221,12 @@ def operator_counts(fn: Callable[[], object]) -> Counter[str]:
 def module_calls(fn: Callable[[], object]) -> Counter[str]:
     """How many times ``fn()`` calls an ``nn.Module``, by class name (``"Linear"``, ...).
 
-    Each call runs ``nn.Module.__call__`` in Python (it looks for hooks before ``forward``),
-    host work that no operator count shows (Chapter 11). Counted with a global forward
-    pre-hook, removed afterwards even if ``fn`` fails.
+    In eager mode each call runs ``nn.Module.__call__`` in Python (it looks for hooks before
+    ``forward``), host work that no operator count shows (Chapter 11). Counted with a global
+    forward pre-hook, removed afterwards even if ``fn`` fails. While it is installed every
+    module call of the process is counted, and takes ``__call__``'s slower path with hooks:
+    do not time under it. Classes of the same name count together; a ``forward`` called
+    directly, or code compiled by ``torch.compile``, is not counted.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")

@@ -102,14 +102,19 @@ def step_batch(sizes: dict[str, Any], device: str = "cpu") -> tuple[torch.Tensor
 
 
 def step_operator_counts(kind: str, *, bias: bool, impl: str = "sdpa", foreach: bool = True,
-                         padded: bool = False, nanogpt: tuple[type, type] | None = None
+                         padded: bool = False, nanogpt: tuple[type, type] | None = None,
+                         sizes: dict[str, Any] = GPU_SIZES, device: str = "meta"
                          ) -> Counter[str]:
-    """aten operators of one training step at :data:`GPU_SIZES` on ``meta``, counted after a
-    first step (which creates AdamW's state). ``padded``: the course's model is also given
-    an all-real padding mask, so that it takes the masked path of a padded batch."""
-    model, optimizer = step_model(kind, GPU_SIZES, bias=bias, impl=impl, device="meta",
+    """aten operators of one training step at ``sizes`` on ``device`` (by default the gpu
+    preset's on ``meta``), counted after a first step (which creates AdamW's state).
+    ``padded``: the course's model is also given an all-real padding mask, so that it takes
+    the masked path of a padded batch. On the CPU the course's loss reads its value once
+    and skips its count (``next_token_loss``), and PyTorch may pick other kernels than on
+    ``meta``: :data:`TINY_SIZES` on ``"cpu"`` counts the step that :func:`host_ms_rounds`
+    times."""
+    model, optimizer = step_model(kind, sizes, bias=bias, impl=impl, device=device,
                                   foreach=foreach, nanogpt=nanogpt)
-    x, y = step_batch(GPU_SIZES, "meta")
+    x, y = step_batch(sizes, device)
     call = {"attention_mask": torch.ones_like(x, dtype=torch.bool)} if padded else {}
     training_step(model, optimizer, x, y, **call)
     return operator_counts(lambda: training_step(model, optimizer, x, y, **call))
