@@ -74,17 +74,8 @@ def check_multi_head_call(layer: Any, query: object, key: object, value: object,
         raise ValueError("cache is a KVCache, which grows with self-attention: pass "
                          "key=value=None with it (cross-attention takes a CrossKVCache)")
     batch, t_q = query.shape[0], query.shape[1]
-    t_new = t_q  # the keys this call brings: the queries' own, or the memory's
-    if key is not None:
-        key = check_sequence(key, "key", width=layer.d_model, batch=batch, dtype=dtype)
-        t_new = key.shape[1]
-        value = check_sequence(value, "value", width=layer.d_model, batch=batch, dtype=dtype)
-        if key.shape[1] != value.shape[1]:
-            raise ValueError(f"key and value must have the same length T_k, got "
-                             f"{tuple(key.shape)} and {tuple(value.shape)}")
-        if not query.device == key.device == value.device:
-            raise ValueError(f"query, key and value must be on one device, got {query.device}, "
-                             f"{key.device} and {value.device}")
+    # the keys this call brings: the queries' own, or the memory's
+    t_new = t_q if key is None else _check_key_value(layer, query, key, value, dtype)
     check_bool(need_weights, "need_weights")
     check_bool(is_causal, "is_causal")
     past = 0
@@ -112,6 +103,22 @@ def check_multi_head_call(layer: Any, query: object, key: object, value: object,
     combine_masks(t_q, t_k, mask=mask, attention_mask=attention_mask,  # type: ignore[arg-type]
                   device=query.device)  # for its checks of the two masks' shapes
     return attention_mask, mask  # type: ignore[return-value]  # checked above
+
+
+def _check_key_value(layer: Any, query: Tensor, key: object, value: object,
+                     dtype: torch.dtype) -> int:
+    """Check cross-attention's ``key`` and ``value (B, T_k, D)`` against ``query``; return
+    ``T_k``."""
+    batch = query.shape[0]
+    key = check_sequence(key, "key", width=layer.d_model, batch=batch, dtype=dtype)
+    value = check_sequence(value, "value", width=layer.d_model, batch=batch, dtype=dtype)
+    if key.shape[1] != value.shape[1]:
+        raise ValueError(f"key and value must have the same length T_k, got "
+                         f"{tuple(key.shape)} and {tuple(value.shape)}")
+    if not query.device == key.device == value.device:
+        raise ValueError(f"query, key and value must be on one device, got {query.device}, "
+                         f"{key.device} and {value.device}")
+    return key.shape[1]
 
 
 def check_feed_forward_call(layer: Any, x: object) -> None:

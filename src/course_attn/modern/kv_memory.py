@@ -87,11 +87,10 @@ def kv_cache_bytes(
         dtype: the cache's dtype (4 bytes for float32, 2 for bfloat16).
     """
     check_choice(kind, "kind", KV_CACHE_KINDS)
-    n_layers = check_positive_int(n_layers, "n_layers")
+    n_layers, n_heads, head_dim, batch_size = (check_positive_int(value, name) for value, name in (
+        (n_layers, "n_layers"), (n_heads, "n_heads"), (head_dim, "head_dim"),
+        (batch_size, "batch_size")))
     context_length = check_nonnegative_int(context_length, "context_length")
-    n_heads = check_positive_int(n_heads, "n_heads")
-    head_dim = check_positive_int(head_dim, "head_dim")
-    batch_size = check_positive_int(batch_size, "batch_size")
     d_rope = check_nonnegative_int(d_rope, "d_rope")
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
